@@ -1,0 +1,132 @@
+//! `[compaction]`: budget, tiers and the model table of the compaction engine.
+
+use serde::{Deserialize, Serialize};
+
+/// Settings of the compaction engine (see DESIGN.md, "Compaction engine").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// Compact chat requests at all; `false` forwards every request unchanged.
+    pub enabled: bool,
+    /// Compact when prompt tokens exceed this share of `window - reserve`.
+    pub trigger_ratio: f64,
+    /// Compact down to this share of `window - reserve`.
+    pub target_ratio: f64,
+    /// Verbatim user messages plus digests may take at most this share of the budget.
+    pub floor_max_ratio: f64,
+    /// The last N turns (a turn starts at a user message) are never folded.
+    pub keep_last_turns: usize,
+    /// Inside a long live turn, the last N tool groups are never folded.
+    pub keep_last_tool_groups: usize,
+    /// User messages up to this many tokens are kept verbatim when their region is folded.
+    pub user_verbatim_max_tokens: usize,
+    /// Tool results above this many tokens are elided (tier 1) outside the kept tail.
+    pub elide_min_tokens: usize,
+    /// Context window assumed for models missing from the model table.
+    pub default_context_window: usize,
+    /// Encoding for models missing from the model table (`o200k_base` or `cl100k_base`).
+    pub default_encoding: String,
+    /// Reply reserve when the request sets neither `max_tokens` nor `max_completion_tokens`.
+    pub default_reserve_tokens: usize,
+    /// Caps every model's window (unset: the model's own window).
+    pub max_context_tokens: Option<usize>,
+    /// Extra model table entries, matched before the built-in table.
+    pub models: Vec<ModelEntry>,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            trigger_ratio: 0.75,
+            target_ratio: 0.5,
+            floor_max_ratio: 0.5,
+            keep_last_turns: 2,
+            keep_last_tool_groups: 4,
+            user_verbatim_max_tokens: 1000,
+            elide_min_tokens: 500,
+            default_context_window: 128_000,
+            default_encoding: "o200k_base".to_owned(),
+            default_reserve_tokens: 4096,
+            max_context_tokens: None,
+            models: Vec::new(),
+        }
+    }
+}
+
+/// One model table entry: a name pattern and what it implies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// Model name pattern; `*` matches any run of characters (e.g. `gpt-4o*`).
+    pub pattern: String,
+    /// Tokenizer encoding: `o200k_base` or `cl100k_base`.
+    pub encoding: String,
+    /// Context window in tokens.
+    pub context_window: usize,
+}
+
+impl CompactionConfig {
+    /// Checks ranges; the error names the key.
+    pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
+        let in_unit = |v: f64| v > 0.0 && v < 1.0;
+        if !in_unit(self.trigger_ratio) {
+            return Err((
+                "compaction.trigger_ratio",
+                format!("{} is outside 0..1", self.trigger_ratio),
+            ));
+        }
+        if !in_unit(self.target_ratio) {
+            return Err((
+                "compaction.target_ratio",
+                format!("{} is outside 0..1", self.target_ratio),
+            ));
+        }
+        if self.target_ratio > self.trigger_ratio {
+            return Err((
+                "compaction.target_ratio",
+                format!("{} is above trigger_ratio {}", self.target_ratio, self.trigger_ratio),
+            ));
+        }
+        if !in_unit(self.floor_max_ratio) {
+            return Err((
+                "compaction.floor_max_ratio",
+                format!("{} is outside 0..1", self.floor_max_ratio),
+            ));
+        }
+        if self.default_context_window == 0 {
+            return Err(("compaction.default_context_window", "must be greater than 0".to_owned()));
+        }
+        if self.max_context_tokens == Some(0) {
+            return Err(("compaction.max_context_tokens", "must be greater than 0".to_owned()));
+        }
+        if !is_known_encoding(&self.default_encoding) {
+            return Err((
+                "compaction.default_encoding",
+                format!("`{}` is not o200k_base or cl100k_base", self.default_encoding),
+            ));
+        }
+        for m in &self.models {
+            if !is_known_encoding(&m.encoding) {
+                return Err((
+                    "compaction.models",
+                    format!(
+                        "`{}`: encoding `{}` is not o200k_base or cl100k_base",
+                        m.pattern, m.encoding
+                    ),
+                ));
+            }
+            if m.context_window == 0 {
+                return Err((
+                    "compaction.models",
+                    format!("`{}`: context_window must be greater than 0", m.pattern),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_known_encoding(name: &str) -> bool {
+    matches!(name, "o200k_base" | "cl100k_base")
+}

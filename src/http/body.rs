@@ -1,0 +1,117 @@
+//! Body types: the boxed body every response uses, and a request body with a size limit.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+
+/// Error type of streamed bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of every response foldgate sends: streamed, type-erased.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A complete body from bytes.
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// Boxes any streamed body into a [`ProxyBody`].
+pub fn boxed<B>(body: B) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}
+
+/// The request body grew past the configured limit.
+#[derive(Debug, thiserror::Error)]
+#[error("request body exceeds the limit of {limit} bytes")]
+pub struct BodyTooLarge {
+    /// The limit in bytes.
+    pub limit: u64,
+}
+
+pin_project_lite::pin_project! {
+    /// Streams a body through while counting; fails once more than `limit` bytes passed.
+    /// `exceeded` is set so the caller can tell a limit failure from an upstream one.
+    pub struct Limited<B> {
+        #[pin]
+        inner: B,
+        remaining: u64,
+        limit: u64,
+        exceeded: Arc<AtomicBool>,
+    }
+}
+
+impl<B> Limited<B> {
+    /// Wraps `inner`, allowing at most `limit` bytes.
+    pub fn new(inner: B, limit: u64, exceeded: Arc<AtomicBool>) -> Self {
+        Self { inner, remaining: limit, limit, exceeded }
+    }
+}
+
+impl<B> Body for Limited<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let len = data.len() as u64;
+                    if len > *this.remaining {
+                        this.exceeded.store(true, Ordering::Release);
+                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge {
+                            limit: *this.limit,
+                        }))));
+                    }
+                    *this.remaining -= len;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn limited_passes_small_bodies_and_flags_large_ones() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let ok = Limited::new(Full::new(Bytes::from_static(b"abc")), 3, flag.clone());
+        assert_eq!(ok.collect().await.unwrap().to_bytes(), "abc");
+        assert!(!flag.load(Ordering::Acquire));
+
+        let too_big = Limited::new(Full::new(Bytes::from_static(b"abcd")), 3, flag.clone());
+        assert!(too_big.collect().await.is_err());
+        assert!(flag.load(Ordering::Acquire));
+    }
+}

@@ -1,0 +1,88 @@
+//! The one HTTP-facing error: every error foldgate itself answers with, as OpenAI JSON.
+
+use http::{Response, StatusCode, header};
+
+use super::body::{ProxyBody, full};
+
+/// An error foldgate answers itself (upstream errors pass through unchanged).
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The request body is larger than `server.max_body_size`.
+    #[error("request body exceeds the limit of {limit} bytes (server.max_body_size)")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The upstream could not be reached or the exchange failed.
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    /// The upstream did not connect or answer in time.
+    #[error("upstream timed out: {0}")]
+    UpstreamTimeout(String),
+    /// The path is not one foldgate serves.
+    #[error(
+        "no route for {0}: foldgate serves the OpenAI API under /v1/ (set your base URL to http://<host>:<port>/v1)"
+    )]
+    NotFound(String),
+    /// The proxy is shutting down.
+    #[error("foldgate is shutting down")]
+    ShuttingDown,
+}
+
+impl ProxyError {
+    /// HTTP status, OpenAI error `type` and `code`.
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            Self::BodyTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large")
+            }
+            Self::UpstreamUnreachable(_) => {
+                (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unreachable")
+            }
+            Self::UpstreamTimeout(_) => {
+                (StatusCode::GATEWAY_TIMEOUT, "upstream_error", "upstream_timeout")
+            }
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "unknown_route"),
+            Self::ShuttingDown => {
+                (StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down")
+            }
+        }
+    }
+
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The response: status plus `{"error": {"message", "type", "param", "code"}}`.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let (status, kind, code) = self.parts();
+        let body = serde_json::json!({
+            "error": { "message": self.to_string(), "type": kind, "param": null, "code": code }
+        });
+        let mut response = Response::new(full(body.to_string()));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn renders_openai_error_json() {
+        let response = ProxyError::BodyTooLarge { limit: 10 }.into_response();
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["error"]["code"], "request_too_large");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("10 bytes"));
+    }
+}

@@ -1,0 +1,15 @@
+//! The HTTP side: listener, tower stack, router, passthrough and upstream client.
+//! The only module that imports hyper, http and tower.
+
+mod body;
+mod error;
+mod headers;
+pub mod layers;
+mod passthrough;
+mod routes;
+pub mod server;
+pub mod upstream;
+
+pub use body::ProxyBody;
+pub use error::ProxyError;
+pub use server::Server;

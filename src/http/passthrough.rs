@@ -1,0 +1,69 @@
+//! Byte-for-byte forwarding: the request streams to the upstream, the response streams back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http::header::{self, HeaderMap};
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+
+use super::body::{Limited, ProxyBody, boxed};
+use super::error::ProxyError;
+use super::headers::strip_hop_by_hop;
+use super::upstream::Upstream;
+
+/// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the request.
+pub async fn forward(
+    upstream: &Upstream,
+    max_body: u64,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    if declared_length(request.headers()).is_some_and(|len| len > max_body) {
+        return Err(ProxyError::BodyTooLarge { limit: max_body });
+    }
+    let (parts, body) = request.into_parts();
+    let exceeded = Arc::new(AtomicBool::new(false));
+    let body = boxed(Limited::new(body, max_body, exceeded.clone()));
+    let outgoing = upstream_request(upstream, parts, body)?;
+    match upstream.send(outgoing).await {
+        Ok(response) => Ok(client_response(response)),
+        Err(_) if exceeded.load(Ordering::Acquire) => {
+            Err(ProxyError::BodyTooLarge { limit: max_body })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Builds the upstream request: same method, headers minus hop-by-hop, mapped URI.
+pub fn upstream_request(
+    upstream: &Upstream,
+    mut parts: http::request::Parts,
+    body: ProxyBody,
+) -> Result<Request<ProxyBody>, ProxyError> {
+    let uri = upstream
+        .target_uri(parts.uri.path(), parts.uri.query())
+        .map_err(|e| ProxyError::UpstreamUnreachable(format!("cannot build upstream URI: {e}")))?;
+    strip_hop_by_hop(&mut parts.headers);
+    // The client sets Host from the URI; an expectation is between client and foldgate.
+    parts.headers.remove(header::HOST);
+    parts.headers.remove(header::EXPECT);
+    let mut outgoing = Request::new(body);
+    *outgoing.method_mut() = parts.method;
+    *outgoing.uri_mut() = uri;
+    *outgoing.headers_mut() = parts.headers;
+    // The pooled connection decides between HTTP/1.1 and HTTP/2 (ALPN).
+    *outgoing.version_mut() = Version::HTTP_11;
+    Ok(outgoing)
+}
+
+/// The upstream's response as the client gets it: status, headers (minus hop-by-hop), body.
+pub fn client_response(response: Response<Incoming>) -> Response<ProxyBody> {
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.version = Version::HTTP_11;
+    Response::from_parts(parts, boxed(body))
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}

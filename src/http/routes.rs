@@ -1,0 +1,83 @@
+//! The router: local endpoints, then the OpenAI API under `/v1/`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use futures_util::future::BoxFuture;
+use http::{Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+
+use super::body::{ProxyBody, full};
+use super::error::ProxyError;
+use super::passthrough;
+use super::upstream::Upstream;
+
+/// What every request handler shares.
+pub struct AppState {
+    /// The provider requests go to.
+    pub upstream: Upstream,
+    /// `server.max_body_size` in bytes.
+    pub max_body: u64,
+    /// Listener up and not draining.
+    pub ready: AtomicBool,
+}
+
+/// The innermost service: routes a request to its handler.
+#[derive(Clone)]
+pub struct Router {
+    state: Arc<AppState>,
+}
+
+impl Router {
+    /// A router over `state`.
+    pub fn new(state: Arc<AppState>) -> Self {
+        Self { state }
+    }
+}
+
+impl tower::Service<Request<Incoming>> for Router {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response<ProxyBody>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let state = self.state.clone();
+        Box::pin(async move {
+            Ok(route(&state, request).await.unwrap_or_else(ProxyError::into_response))
+        })
+    }
+}
+
+async fn route(
+    state: &AppState,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let path = request.uri().path();
+    match (request.method(), path) {
+        (&Method::GET, "/healthz") => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
+        (&Method::GET, "/readyz") => Ok(if state.ready.load(Ordering::Acquire) {
+            json(StatusCode::OK, r#"{"status":"ready"}"#)
+        } else {
+            json(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"not ready"}"#)
+        }),
+        (_, p) if p == "/v1" || p.starts_with("/v1/") => {
+            passthrough::forward(&state.upstream, state.max_body, request).await
+        }
+        _ => Err(ProxyError::NotFound(path.to_owned())),
+    }
+}
+
+fn json(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response
+}

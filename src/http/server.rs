@@ -1,0 +1,115 @@
+//! The listener: accepts connections, serves them through the tower stack, and
+//! drains in-flight requests on shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tower::ServiceBuilder;
+
+use super::layers::{AccessLogLayer, RequestIdLayer};
+use super::routes::{AppState, Router};
+use super::upstream::{Upstream, UpstreamSetupError};
+use crate::config::Config;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr} (server.listen): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The upstream client could not be built.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamSetupError),
+}
+
+/// A bound, not yet running proxy.
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<AppState>,
+    grace: Duration,
+}
+
+impl Server {
+    /// Binds `config.server.listen` and builds the upstream client.
+    pub async fn bind(config: &Config) -> Result<Self, ServerError> {
+        let upstream = Upstream::new(&config.upstream)?;
+        let addr = config.server.listen;
+        let listener =
+            TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
+        let state = Arc::new(AppState {
+            upstream,
+            max_body: config.server.max_body_size.0,
+            ready: false.into(),
+        });
+        Ok(Self { listener, state, grace: config.server.shutdown_grace })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting and lets in-flight
+    /// requests finish for up to `server.shutdown_grace`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        // Layer order, outermost first:
+        // 1. RequestIdLayer: takes or makes `x-request-id`, puts it in extensions, sends
+        //    it upstream (as a request header) and back (as a response header).
+        // 2. AccessLogLayer: one line per request when the response body ends.
+        // 3. Router: local endpoints, or the OpenAI API under /v1/.
+        let service = ServiceBuilder::new()
+            .layer(RequestIdLayer)
+            .layer(AccessLogLayer)
+            .service(Router::new(self.state.clone()));
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+        let graceful = GracefulShutdown::new();
+        self.state.ready.store(true, Ordering::Release);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(pair) => pair,
+                        Err(e) => {
+                            // Out of file descriptors and the like: back off, keep serving.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let hyper_service = TowerToHyperService::new(service.clone());
+                    let connection = builder.serve_connection(TokioIo::new(stream), hyper_service).into_owned();
+                    let connection = graceful.watch(connection);
+                    tokio::spawn(async move {
+                        if let Err(e) = connection.await {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        self.state.ready.store(false, Ordering::Release);
+        drop(self.listener);
+        tracing::info!(grace = %humantime::format_duration(self.grace), "draining in-flight requests");
+        match tokio::time::timeout(self.grace, graceful.shutdown()).await {
+            Ok(()) => tracing::info!("all connections closed"),
+            Err(_) => tracing::warn!("shutdown grace period over; closing remaining connections"),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! foldgate: a reverse proxy for OpenAI-compatible APIs that transparently compacts
+//! long chat conversations before forwarding them.
+//!
+//! Layering (dependencies point one way): `app` → `http` → `compaction` → `model`;
+//! `config` is a leaf. See `ARCHITECTURE.md`.
+
+pub mod app;
+pub mod cli;
+pub mod commands;
+pub mod compaction;
+pub mod config;
+pub mod http;
+pub mod shutdown;
+pub mod telemetry;
