@@ -77,6 +77,9 @@ impl Server {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
         let graceful = GracefulShutdown::new();
+        // Connection tasks live here so that those still open after the grace period
+        // are aborted even when the runtime outlives `run` (embedding, tests).
+        let mut connections = tokio::task::JoinSet::new();
         self.state.ready.store(true, Ordering::Release);
         tokio::pin!(shutdown);
         loop {
@@ -95,7 +98,8 @@ impl Server {
                     let hyper_service = TowerToHyperService::new(service.clone());
                     let connection = builder.serve_connection(TokioIo::new(stream), hyper_service).into_owned();
                     let connection = graceful.watch(connection);
-                    tokio::spawn(async move {
+                    while connections.try_join_next().is_some() {}
+                    connections.spawn(async move {
                         if let Err(e) = connection.await {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
@@ -109,7 +113,11 @@ impl Server {
         tracing::info!(grace = %humantime::format_duration(self.grace), "draining in-flight requests");
         match tokio::time::timeout(self.grace, graceful.shutdown()).await {
             Ok(()) => tracing::info!("all connections closed"),
-            Err(_) => tracing::warn!("shutdown grace period over; closing remaining connections"),
+            Err(_) => tracing::warn!(
+                open = connections.len(),
+                "shutdown grace period over; closing remaining connections"
+            ),
         }
+        connections.abort_all();
     }
 }

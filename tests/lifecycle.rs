@@ -1,0 +1,221 @@
+//! Process lifecycle: configuration errors at start, check-config, graceful shutdown.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+
+const BIN: &str = env!("CARGO_BIN_EXE_foldgate");
+
+fn foldgate(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env_clear().envs(env.iter().copied());
+    cmd
+}
+
+#[test]
+fn check_config_prints_the_effective_configuration() {
+    let out =
+        foldgate(&["check-config"], &[("FOLDGATE_UPSTREAM_URL", "http://localhost:11434/v1")])
+            .output()
+            .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let parsed: toml::Table = text.parse().unwrap();
+    assert_eq!(parsed["upstream"]["url"].as_str(), Some("http://localhost:11434/v1"));
+    assert_eq!(parsed["server"]["listen"].as_str(), Some("127.0.0.1:8080"));
+}
+
+#[test]
+fn check_config_accepts_the_shipped_file() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config/foldgate.toml");
+    let out = foldgate(&["check-config", "--config", shipped], &[]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn invalid_configuration_fails_at_start_naming_key_and_file() {
+    let dir = std::env::temp_dir().join(format!("foldgate-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        ("[upstream]\nurl = \"not a url\"\n", "upstream.url"),
+        ("[compaction]\ntarget_ratio = 1.2\n", "compaction.target_ratio"),
+        ("[server]\nlisten_on = \"x\"\n", "listen_on"),
+        ("[server\n", "invalid TOML"),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let file = dir.join(format!("bad{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        for command in ["serve", "check-config"] {
+            let out =
+                foldgate(&[command, "--config", file.to_str().unwrap()], &[]).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{command} {text}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(expected), "{command}: {stderr}");
+            assert!(stderr.contains(file.to_str().unwrap()), "{command}: names the file: {stderr}");
+        }
+    }
+    let out = foldgate(&["serve"], &[("FOLDGATE_LISTEN", "nowhere")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("FOLDGATE_LISTEN") && stderr.contains("server.listen"), "{stderr}");
+    let out = foldgate(&["serve", "--config", "/nonexistent/foldgate.toml"], &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// Starts `foldgate serve` on a free port; returns the child, its address, and its
+/// stderr lines as they arrive.
+fn spawn_serve(
+    upstream: &str,
+    extra_env: &[(&str, &str)],
+) -> (Child, String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let mut env = vec![
+        ("FOLDGATE_LISTEN", "127.0.0.1:0"),
+        ("FOLDGATE_UPSTREAM_URL", upstream),
+        ("FOLDGATE_SERVER__SHUTDOWN_GRACE", "10s"),
+    ];
+    env.extend_from_slice(extra_env);
+    let mut child = foldgate(&["serve"], &env).stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines.next().expect("foldgate exited before listening").unwrap();
+        // Text: `listen=127.0.0.1:1234`; JSON: `"listen":"127.0.0.1:1234"`.
+        if let Some(rest) =
+            line.split("listen=").nth(1).or_else(|| line.split("\"listen\":\"").nth(1))
+        {
+            break rest.split(['"', ' ']).next().unwrap().to_owned();
+        }
+    };
+    // Keep draining stderr so the child never blocks on a full pipe.
+    let collected = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = collected.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    (child, addr, collected)
+}
+
+/// A mock whose SSE response sends one chunk every 100 ms, `chunks` in all.
+async fn slow_stream(chunks: usize, started: Arc<AtomicUsize>) -> MockUpstream {
+    MockUpstream::start(Arc::new(move |_| {
+        let started = started.clone();
+        Box::pin(async move {
+            started.fetch_add(1, Ordering::SeqCst);
+            let (tx, body) = channel_body();
+            tokio::spawn(async move {
+                for i in 0..chunks {
+                    let chunk = Bytes::from(format!("data: {i}\n\n"));
+                    if tx.send(Ok(Frame::data(chunk))).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            http::Response::new(body)
+        })
+    }))
+    .await
+}
+
+fn expected_stream(chunks: usize) -> String {
+    (0..chunks).map(|i| format!("data: {i}\n\n")).collect()
+}
+
+#[tokio::test]
+async fn sigterm_lets_an_in_flight_stream_finish_then_exits_zero() {
+    let started = Arc::new(AtomicUsize::new(0));
+    let mock = slow_stream(10, started.clone()).await;
+    let (mut child, addr, _) = spawn_serve(&mock.url(), &[]);
+    let response = client()
+        .request(post(&format!("http://{addr}/v1/chat/completions"), r#"{"stream":true}"#))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let rest = body.collect().await.unwrap().to_bytes();
+    let mut all = first.to_vec();
+    all.extend_from_slice(&rest);
+    assert_eq!(String::from_utf8(all).unwrap(), expected_stream(10), "stream completed");
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert_eq!(exit.code(), Some(0));
+    assert!(
+        tokio::net::TcpStream::connect(&addr).await.is_err(),
+        "no longer accepting connections"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_cuts_streams_after_the_grace_period() {
+    let started = Arc::new(AtomicUsize::new(0));
+    let mock = slow_stream(100, started.clone()).await;
+    let mut config = config_for(&mock.url());
+    config.server.shutdown_grace = Duration::from_millis(500);
+    let mut proxy = Proxy::start(config).await;
+    let response = client()
+        .request(post(&proxy.url("/v1/chat/completions"), r#"{"stream":true}"#))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    body.frame().await.unwrap().unwrap();
+    proxy.begin_shutdown();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = tokio::net::TcpStream::connect(proxy.addr).await;
+    assert!(refused.is_err(), "the listener is closed during the drain");
+    let task = proxy.task.take().unwrap();
+    tokio::time::timeout(Duration::from_secs(3), task)
+        .await
+        .expect("run() returns once the grace period is over")
+        .unwrap();
+    // The 10 s stream was cut when the 0.5 s grace period ended.
+    let _ =
+        tokio::time::timeout(Duration::from_secs(3), body.collect()).await.expect("stream ended");
+    let get = Request::get(proxy.url("/healthz")).body(full(Bytes::new())).unwrap();
+    assert!(client().request(get).await.is_err());
+}
+
+#[tokio::test]
+async fn json_access_log_has_one_line_per_request_and_no_credentials() {
+    let mock = MockUpstream::echo().await;
+    let (mut child, addr, lines) = spawn_serve(&mock.url(), &[("FOLDGATE_LOG__FORMAT", "json")]);
+    let request = Request::post(format!("http://{addr}/v1/chat/completions?key=sk-query-secret"))
+        .header("authorization", "Bearer sk-header-secret")
+        .header("api-key", "sk-azure-secret")
+        .header("x-request-id", "log-test-1")
+        .body(full("{}"))
+        .unwrap();
+    let (status, _, _) = send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    let lines = lines.lock().unwrap().clone();
+    let all = lines.join("\n");
+    assert!(!all.contains("secret"), "credentials leaked into logs:\n{all}");
+    let access: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "request")
+        .collect();
+    assert_eq!(access.len(), 1, "{all}");
+    let line = &access[0];
+    assert_eq!(line["method"], "POST");
+    assert_eq!(line["path"], "/v1/chat/completions");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["request_id"], "log-test-1");
+    assert!(line["duration_ms"].as_f64().is_some());
+}

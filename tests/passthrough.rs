@@ -1,0 +1,220 @@
+//! Passthrough: every route reaches the upstream and every answer comes back unchanged.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+
+#[tokio::test]
+async fn json_body_and_end_to_end_headers_pass_through() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"zzz":1,"aaa":2}"#;
+    let request = Request::post(proxy.url("/v1/chat/completions?api-version=2024"))
+        .header("authorization", "Bearer sk-test-123")
+        .header("openai-organization", "org-42")
+        .header("openai-project", "proj-7")
+        .header("content-type", "application/json")
+        .header("x-custom", "kept")
+        .body(full(body))
+        .unwrap();
+    let (status, headers, got) = send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(got, body.as_bytes(), "response body byte-identical");
+    assert_eq!(headers["x-upstream"], "mock", "upstream headers come back");
+    assert!(headers.contains_key("x-request-id"));
+
+    let seen = &mock.recorded()[0];
+    assert_eq!(seen.body, body.as_bytes(), "request body byte-identical");
+    assert_eq!(seen.uri.path(), "/v1/chat/completions");
+    assert_eq!(seen.uri.query(), Some("api-version=2024"));
+    assert_eq!(seen.headers["authorization"], "Bearer sk-test-123");
+    assert_eq!(seen.headers["openai-organization"], "org-42");
+    assert_eq!(seen.headers["openai-project"], "proj-7");
+    assert_eq!(seen.headers["x-custom"], "kept");
+    assert_eq!(seen.headers["host"], mock.addr.to_string(), "Host is the upstream's");
+    assert_eq!(seen.headers["x-request-id"], headers["x-request-id"]);
+}
+
+#[tokio::test]
+async fn every_method_and_a_base_path_prefix_are_forwarded() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::to(&format!("http://{}/api/v1", mock.addr)).await;
+    for method in ["GET", "DELETE", "PUT", "PATCH", "POST"] {
+        let request = Request::builder()
+            .method(method)
+            .uri(proxy.url("/v1/files/file-abc?limit=2"))
+            .body(full(Bytes::new()))
+            .unwrap();
+        let (status, _, _) = send(request).await;
+        assert_eq!(status, StatusCode::OK, "{method}");
+    }
+    let recorded = mock.recorded();
+    assert_eq!(recorded.len(), 5);
+    for (rec, method) in recorded.iter().zip(["GET", "DELETE", "PUT", "PATCH", "POST"]) {
+        assert_eq!(rec.method.as_str(), method);
+        assert_eq!(rec.uri.to_string(), "/api/v1/files/file-abc?limit=2");
+    }
+}
+
+#[tokio::test]
+async fn five_megabyte_binary_body_is_byte_identical_both_ways() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let payload: Vec<u8> =
+        (0..5_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let request = Request::post(proxy.url("/v1/files"))
+        .header("content-type", "application/octet-stream")
+        .body(full(payload.clone()))
+        .unwrap();
+    let (status, _, got) = send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(mock.recorded()[0].body.len(), payload.len());
+    assert!(mock.recorded()[0].body == payload, "upstream got the exact bytes");
+    assert!(got == payload, "client got the exact bytes back");
+}
+
+#[tokio::test]
+async fn upstream_error_statuses_headers_and_bodies_pass_through() {
+    for (status, body) in [
+        (
+            400u16,
+            r#"{"error":{"message":"bad","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
+        ),
+        (401, r#"{"error":{"message":"no key"}}"#),
+        (404, r#"{"error":{"message":"model not found"}}"#),
+        (429, r#"{"error":{"message":"slow down"}}"#),
+        (500, "plain text failure"),
+        (503, ""),
+    ] {
+        let mock = MockUpstream::start(Arc::new(move |_| {
+            Box::pin(async move {
+                let mut r = response(status, body);
+                r.headers_mut().insert("retry-after", "7".parse().unwrap());
+                r
+            })
+        }))
+        .await;
+        let proxy = Proxy::to(&mock.url()).await;
+        let (got_status, headers, got) = send(post(&proxy.url("/v1/chat/completions"), "{}")).await;
+        assert_eq!(got_status.as_u16(), status);
+        assert_eq!(headers["retry-after"], "7");
+        assert_eq!(got, body.as_bytes());
+    }
+}
+
+#[tokio::test]
+async fn server_sent_events_arrive_chunk_by_chunk() {
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let release_rx = Arc::new(tokio::sync::Mutex::new(Some(release_rx)));
+    let mock = MockUpstream::start(Arc::new(move |_| {
+        let release_rx = release_rx.clone();
+        Box::pin(async move {
+            let (tx, body) = channel_body();
+            tokio::spawn(async move {
+                tx.send(Ok(Frame::data(Bytes::from("data: {\"n\":1}\n\n")))).await.unwrap();
+                // The last chunk is only sent once the client has seen the first.
+                let rx = release_rx.lock().await.take().unwrap();
+                rx.await.unwrap();
+                tx.send(Ok(Frame::data(Bytes::from("data: [DONE]\n\n")))).await.unwrap();
+            });
+            let mut r = http::Response::new(body);
+            r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+            r
+        })
+    }))
+    .await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let response = client()
+        .request(post(&proxy.url("/v1/chat/completions"), r#"{"stream":true}"#))
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("first chunk arrives before the upstream sent the last one")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(first, "data: {\"n\":1}\n\n");
+    release_tx.send(()).unwrap();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "data: [DONE]\n\n");
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_are_not_forwarded() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let request = Request::post(proxy.url("/v1/embeddings"))
+        .header("connection", "x-hop")
+        .header("x-hop", "1")
+        .header("proxy-authorization", "Basic secret")
+        .header("te", "trailers")
+        .header("x-end-to-end", "1")
+        .body(full("{}"))
+        .unwrap();
+    send(request).await;
+    let seen = &mock.recorded()[0];
+    assert!(!seen.headers.contains_key("x-hop"));
+    assert!(!seen.headers.contains_key("proxy-authorization"));
+    assert!(!seen.headers.contains_key("te"));
+    assert_eq!(seen.headers["x-end-to-end"], "1");
+}
+
+#[tokio::test]
+async fn request_id_is_kept_when_given_and_generated_otherwise() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let given = Request::get(proxy.url("/v1/models"))
+        .header("x-request-id", "req-abc-1")
+        .body(full(Bytes::new()))
+        .unwrap();
+    let (_, headers, _) = send(given).await;
+    assert_eq!(headers["x-request-id"], "req-abc-1");
+    assert_eq!(mock.recorded()[0].headers["x-request-id"], "req-abc-1");
+
+    let (_, headers, _) =
+        send(Request::get(proxy.url("/v1/models")).body(full(Bytes::new())).unwrap()).await;
+    let generated = headers["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(generated.len(), 32);
+    assert_eq!(mock.recorded()[1].headers["x-request-id"], generated.as_str());
+}
+
+#[tokio::test]
+async fn health_readiness_and_unknown_routes() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let get = |p: &str| Request::get(proxy.url(p)).body(full(Bytes::new())).unwrap();
+    assert_eq!(send(get("/healthz")).await.0, StatusCode::OK);
+    assert_eq!(send(get("/readyz")).await.0, StatusCode::OK);
+    let (status, _, body) = send(get("/chat/completions")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let v = json(&body);
+    assert_eq!(v["error"]["code"], "unknown_route");
+    assert!(v["error"]["message"].as_str().unwrap().contains("/v1"));
+    assert!(mock.recorded().is_empty(), "local routes never reach the upstream");
+}
+
+#[tokio::test]
+async fn http2_clients_are_served() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<TestBody>();
+    let response =
+        h2.request(post(&proxy.url("/v1/chat/completions"), "{\"h2\":true}")).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "{\"h2\":true}");
+}
