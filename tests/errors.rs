@@ -165,3 +165,30 @@ async fn client_disconnect_before_response_headers_cancels_the_upstream_request(
     }
     panic!("the upstream request was still pending 5 s after the client left");
 }
+
+#[tokio::test]
+async fn upstream_that_never_completes_the_connection_is_504() {
+    // A listener whose accept queue is full and never drained: further SYNs are
+    // dropped, so connecting hangs until upstream.connect_timeout.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    let _listener = socket.listen(1).unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await
+        {
+            fillers.push(s);
+        } else {
+            break;
+        }
+    }
+    let mut config = config_for(&format!("http://{addr}/v1"));
+    config.upstream.connect_timeout = Duration::from_millis(300);
+    let proxy = Proxy::start(config).await;
+    let (status, _, body) = send(post(&proxy.url("/v1/chat/completions"), "{}")).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{}", String::from_utf8_lossy(&body));
+    assert_openai_error(&body, "upstream_timeout");
+    assert!(String::from_utf8_lossy(&body).contains("connect_timeout"));
+}
