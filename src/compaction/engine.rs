@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::CompactionError;
 use super::blocks::{SessionState, retain_matching};
 use super::budget::{Budget, Options};
-use super::fold::{DigestLimits, fold, has_work};
+use super::fold::{DigestLimits, fold, has_work, work_tokens};
 use super::plan::Plan;
 use super::report::Report;
 use super::tokens::{Counter, REPLY_PRIMING};
@@ -153,7 +153,12 @@ impl Engine {
                 let tail1 =
                     group_tail_start(&units, tail0, cfg.keep_last_tool_groups).max(blocks_end);
                 let end = self.fold_end(msgs, &tokens, &plan, blocks_end, tail0, tail1, &budget);
-                if end > blocks_end && has_work(msgs, &tokens, blocks_end, end, user_max) {
+                // A fold worth making recovers at least half the gap between trigger and
+                // target; smaller ones would be redone on the next request.
+                let min_work = (budget.trigger - budget.target) / 2;
+                if end > blocks_end
+                    && work_tokens(msgs, &tokens, blocks_end, end, user_max) >= min_work.max(1)
+                {
                     let prior = match blocks.last() {
                         Some(b) => b.emitted()?.last().map(|m| m.text()),
                         None => None,
@@ -177,7 +182,13 @@ impl Engine {
                 }
             }
             if plan.total() > budget.target {
-                plan.fallback(budget.target, budget.budget, cfg.elide_min_tokens, &mut counter)?;
+                plan.fallback(
+                    budget.target,
+                    budget.budget,
+                    budget.floor,
+                    cfg.elide_min_tokens,
+                    &mut counter,
+                )?;
                 report.tier = 4;
             }
         }

@@ -41,6 +41,17 @@ pub fn has_work(
     (start..end).any(|i| !is_verbatim(&msgs[i], tokens[i], user_max))
 }
 
+/// Tokens of what folding `[start, end)` would replace.
+pub fn work_tokens(
+    msgs: &[Arc<Message>],
+    tokens: &[usize],
+    start: usize,
+    end: usize,
+    user_max: usize,
+) -> usize {
+    (start..end).filter(|&i| !is_verbatim(&msgs[i], tokens[i], user_max)).map(|i| tokens[i]).sum()
+}
+
 fn is_verbatim(m: &Message, tokens: usize, user_max: usize) -> bool {
     m.role().is_pinned() || (m.role() == Role::User && !m.is_digest() && tokens <= user_max)
 }

@@ -203,7 +203,8 @@ impl Plan {
     /// user message, and as many small user messages as fit. In order, each step
     /// stopping once its goal is met:
     /// 1. stub large tool results, except in the newest item (goal: `target`);
-    /// 2. drop work and digests older than the last user message, oldest first (`target`);
+    /// 2. drop work older than the last user message, then, while the small user messages
+    ///    take more than `floor`, the oldest of them, then digests, oldest first (`target`);
     /// 3. stub every remaining tool result (goal: `limit`);
     /// 4. drop work after the last user message, oldest first (`limit`);
     /// 5. drop small user messages, oldest first (`limit`).
@@ -211,6 +212,7 @@ impl Plan {
         &mut self,
         target: usize,
         limit: usize,
+        floor: usize,
         min_tokens: usize,
         counter: &mut Counter<'_>,
     ) -> Result<(), ModelError> {
@@ -225,9 +227,24 @@ impl Plan {
                 self.elide_item(i, min_tokens, counter)?;
             }
         }
-        self.drop_where(target, |i, it| {
-            i < last_user && matches!(it.kind, Kind::Work | Kind::Digest)
-        });
+        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Work);
+        // Past the floor, the oldest small user messages go before the digests do.
+        let mut users: usize = self
+            .items
+            .iter()
+            .filter(|i| i.kind == Kind::User && !i.dropped)
+            .map(|i| i.tokens)
+            .sum();
+        let mut total = self.total();
+        for it in self.items.iter_mut().filter(|i| i.kind == Kind::User && !i.dropped) {
+            if users <= floor || total <= target {
+                break;
+            }
+            it.dropped = true;
+            users -= it.tokens;
+            total -= it.tokens;
+        }
+        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Digest);
         for i in 0..n {
             if self.total() <= limit {
                 break;
