@@ -176,7 +176,7 @@ pub async fn replay_conversation(
         let before = if report.tokens_before_exact {
             report.tokens_before
         } else {
-            engine.count_prompt(&request, &budget, &mut state)
+            engine.count_prompt(&request, &budget, &mut state.token_cache)
         };
         let (forwarded, after) = match &outcome {
             Outcome::Unchanged { .. } => (&request, before),

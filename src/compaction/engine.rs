@@ -8,7 +8,7 @@ use super::budget::{Budget, Options};
 use super::fold::{DigestLimits, fold, has_work, work_tokens};
 use super::plan::Plan;
 use super::report::Report;
-use super::tokens::{Counter, REPLY_PRIMING};
+use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::units::{group_tail_start, turn_tail_start, units};
 use crate::config::CompactionConfig;
 use crate::model::{ChatRequest, Message};
@@ -76,9 +76,9 @@ impl Engine {
         &self,
         request: &ChatRequest,
         budget: &Budget,
-        state: &mut SessionState,
+        cache: &mut TokenCache,
     ) -> usize {
-        let mut counter = Counter { encoding: budget.encoding, cache: &mut state.token_cache };
+        let mut counter = Counter { encoding: budget.encoding, cache };
         let msgs: usize = request.messages().iter().map(|m| counter.message(m)).sum();
         msgs + counter.tools(request.tools_raw()) + REPLY_PRIMING
     }
