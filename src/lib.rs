@@ -10,5 +10,7 @@ pub mod commands;
 pub mod compaction;
 pub mod config;
 pub mod http;
+pub mod model;
 pub mod shutdown;
+pub mod summarizer;
 pub mod telemetry;

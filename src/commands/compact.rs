@@ -1,8 +1,118 @@
-//! `foldgate compact`.
+//! `foldgate compact`: a dry run of the engine on one request body. The body to forward
+//! goes to stdout (JSON only), the report to stderr.
 
+use std::io::{Read, Write};
 use std::process::ExitCode;
 
+use crate::cli::CompactArgs;
+use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
+use crate::summarizer::ExtractiveSummarizer;
+
 /// Runs `foldgate compact`.
-pub fn run(_args: &crate::cli::CompactArgs) -> ExitCode {
-    ExitCode::FAILURE
+#[allow(clippy::print_stderr)]
+pub fn run(args: &CompactArgs) -> ExitCode {
+    let cfg = match super::load_compaction(args.config.config.as_deref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let body = match read_input(args.input.as_deref()) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("foldgate compact: cannot read input: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("foldgate compact: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let engine = Engine::new(cfg);
+    let opts = Options { window_cap: args.window, model: args.model.clone(), ..Options::default() };
+    let mut state = SessionState::default();
+    let outcome = rt.block_on(engine.compact(&body, &mut state, &ExtractiveSummarizer, &opts));
+    let (out, report) = match &outcome {
+        Ok(Outcome::Unchanged { report }) => (body.as_slice(), report),
+        Ok(Outcome::Compacted { body, report, .. }) => (body.as_slice(), report),
+        Err(e) => {
+            // Never worse than no proxy: the original is what would be forwarded.
+            eprintln!("foldgate compact: forwarded unchanged: {e}");
+            let _ = std::io::stdout().write_all(&body);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = std::io::stdout().write_all(out).and_then(|()| std::io::stdout().flush()) {
+        eprintln!("foldgate compact: cannot write output: {e}");
+        return ExitCode::FAILURE;
+    }
+    if args.report_json {
+        match serde_json::to_string(report) {
+            Ok(j) => eprintln!("{j}"),
+            Err(e) => eprintln!("foldgate compact: cannot write report: {e}"),
+        }
+    } else {
+        eprint!("{}", render(report));
+    }
+    ExitCode::SUCCESS
+}
+
+fn read_input(path: Option<&std::path::Path>) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    match path {
+        Some(p) if p.as_os_str() != "-" => buf = std::fs::read(p)?,
+        _ => {
+            std::io::stdin().read_to_end(&mut buf)?;
+        }
+    }
+    Ok(buf)
+}
+
+/// The human-readable report.
+pub fn render(r: &Report) -> String {
+    let b = &r.budget;
+    let pct = if r.tokens_before > 0 {
+        100.0 * r.tokens_after as f64 / r.tokens_before as f64
+    } else {
+        100.0
+    };
+    let approx = if r.tokens_before_exact { "" } else { "≤ " };
+    let mut s = format!(
+        "model {} ({}), window {}, reserve {}, budget {} (trigger {}, target {})\n",
+        b.model,
+        b.encoding.name(),
+        b.window,
+        b.reserve,
+        b.budget,
+        b.trigger,
+        b.target
+    );
+    s += &format!(
+        "tokens: {approx}{} -> {approx}{} ({pct:.1}%), tier {}{}{}\n",
+        r.tokens_before,
+        r.tokens_after,
+        r.tier,
+        if r.forced { ", forced" } else { "" },
+        if r.fits { "" } else { ", DOES NOT FIT" }
+    );
+    s += &format!(
+        "messages: {} -> {}: kept {}, elided {}, folded {}, dropped {}\n",
+        r.messages_before, r.messages_after, r.kept, r.elided, r.folded, r.dropped
+    );
+    s += &format!(
+        "blocks: {} new, {} reused, {} invalidated",
+        r.blocks_new, r.blocks_reused, r.blocks_invalidated
+    );
+    if let Some(name) = &r.summarizer {
+        s += &format!("; summarizer {name}");
+    }
+    if let Some(err) = &r.summarizer_error {
+        s += &format!(" (fallback after: {err})");
+    }
+    if let Some(recall) = r.artifact_recall {
+        s += &format!("; artifact recall {:.0}%", recall * 100.0);
+    }
+    s.push('\n');
+    s
 }

@@ -1,8 +1,287 @@
-//! `foldgate replay`.
+//! `foldgate replay`: feeds recorded conversations to the engine the way an agent sends
+//! them (one request per assistant reply, holding the history before that reply),
+//! carrying fold blocks and token counts from request to request, and checks the
+//! guarantees of every forwarded request.
 
+use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::cli::ReplayArgs;
+use crate::compaction::check::verify;
+use crate::compaction::{Budget, Engine, Options, Outcome, SessionState};
+use crate::model::{ChatRequest, Message, ModelError, Role};
+use crate::summarizer::{ExtractiveSummarizer, Summarizer};
+
+/// Errors of reading recorded conversations.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A line is not a conversation.
+    #[error("line {line}: {message}")]
+    Record {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The engine failed.
+    #[error("{id}: {source}")]
+    Engine {
+        /// Conversation id.
+        id: String,
+        /// The engine's error.
+        source: crate::compaction::CompactionError,
+    },
+}
+
+/// Results of one conversation (or, summed, of all).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayStats {
+    /// Conversation id (`total` for the sum).
+    pub id: String,
+    /// Requests sent (one per assistant reply).
+    pub requests: usize,
+    /// Requests the engine changed.
+    pub compacted: usize,
+    /// Largest prompt of the original requests.
+    pub peak_before: usize,
+    /// Largest prompt forwarded.
+    pub peak_after: usize,
+    /// Sum of original prompt tokens over all requests.
+    pub tokens_before: u64,
+    /// Sum of forwarded prompt tokens over all requests.
+    pub tokens_after: u64,
+    /// Fold blocks made.
+    pub folds: usize,
+    /// Requests by highest tier applied (0, 1, 2, 4).
+    pub tiers: BTreeMap<u8, usize>,
+    /// Violations of guarantees 1 to 4, by guarantee.
+    pub violations: BTreeMap<u8, usize>,
+    /// The first violation seen, for diagnosis.
+    pub first_violation: Option<String>,
+}
+
+impl ReplayStats {
+    /// Forwarded tokens as a share of original tokens, summed over requests.
+    pub fn ratio(&self) -> f64 {
+        if self.tokens_before == 0 {
+            1.0
+        } else {
+            self.tokens_after as f64 / self.tokens_before as f64
+        }
+    }
+
+    /// All violations.
+    pub fn violation_count(&self) -> usize {
+        self.violations.values().sum()
+    }
+
+    fn add(&mut self, o: &Self) {
+        self.requests += o.requests;
+        self.compacted += o.compacted;
+        self.peak_before = self.peak_before.max(o.peak_before);
+        self.peak_after = self.peak_after.max(o.peak_after);
+        self.tokens_before += o.tokens_before;
+        self.tokens_after += o.tokens_after;
+        self.folds += o.folds;
+        for (k, v) in &o.tiers {
+            *self.tiers.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.violations {
+            *self.violations.entry(*k).or_default() += v;
+        }
+        if self.first_violation.is_none() {
+            self.first_violation = o.first_violation.as_ref().map(|v| format!("{}: {v}", o.id));
+        }
+    }
+}
+
+/// One recorded conversation.
+pub struct Conversation {
+    /// Its id (or its line number).
+    pub id: String,
+    /// Top-level request fields: `model` and, if recorded, `tools`.
+    pub fields: Map<String, Value>,
+    /// The messages.
+    pub messages: Vec<Arc<Message>>,
+}
+
+impl Conversation {
+    /// Reads one record: `messages`, optional `tools`, `model`, `id`.
+    pub fn from_record(
+        record: &Value,
+        line: usize,
+        model: Option<&str>,
+    ) -> Result<Self, ReplayError> {
+        let err = |message: String| ReplayError::Record { line, message };
+        let msgs = record
+            .get("messages")
+            .and_then(Value::as_array)
+            .ok_or_else(|| err("no messages".into()))?;
+        let messages = msgs
+            .iter()
+            .map(|m| Message::from_value(m.clone()).map(Arc::new))
+            .collect::<Result<Vec<_>, ModelError>>()
+            .map_err(|e| err(e.to_string()))?;
+        let mut fields = Map::new();
+        let model = model
+            .map(str::to_owned)
+            .or_else(|| record.get("model").and_then(Value::as_str).map(str::to_owned));
+        fields.insert("model".into(), Value::String(model.unwrap_or_default()));
+        if let Some(tools) = record.get("tools").filter(|t| !t.is_null()) {
+            fields.insert("tools".into(), tools.clone());
+        }
+        let id = record
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("line-{line}"), str::to_owned);
+        Ok(Self { id, fields, messages })
+    }
+}
+
+/// Replays one conversation through `engine`.
+pub async fn replay_conversation(
+    engine: &Engine,
+    conv: &Conversation,
+    summarizer: &dyn Summarizer,
+    opts: &Options,
+) -> Result<ReplayStats, ReplayError> {
+    let mut stats = ReplayStats { id: conv.id.clone(), ..ReplayStats::default() };
+    let mut state = SessionState::default();
+    let engine_err = |source| ReplayError::Engine { id: conv.id.clone(), source };
+    for (i, m) in conv.messages.iter().enumerate() {
+        if i == 0 || m.role() != Role::Assistant {
+            continue;
+        }
+        let request = ChatRequest::from_parts(&conv.fields, conv.messages[..i].to_vec())
+            .map_err(|e| engine_err(e.into()))?;
+        let outcome = engine
+            .compact_request(&request, &mut state, summarizer, opts)
+            .await
+            .map_err(engine_err)?;
+        let report = outcome.report();
+        let budget: Budget = report.budget.clone();
+        let before = if report.tokens_before_exact {
+            report.tokens_before
+        } else {
+            engine.count_prompt(&request, &budget, &mut state.token_cache)
+        };
+        let (forwarded, after) = match &outcome {
+            Outcome::Unchanged { .. } => (&request, before),
+            Outcome::Compacted { request: fwd, report, .. } => (fwd, report.tokens_after),
+        };
+        stats.requests += 1;
+        stats.compacted += usize::from(matches!(outcome, Outcome::Compacted { .. }));
+        stats.peak_before = stats.peak_before.max(before);
+        stats.peak_after = stats.peak_after.max(after);
+        stats.tokens_before += before as u64;
+        stats.tokens_after += after as u64;
+        stats.folds += report.blocks_new;
+        *stats.tiers.entry(report.tier).or_default() += 1;
+        for v in verify(&request, forwarded, engine.config(), &budget, &mut state.token_cache) {
+            *stats.violations.entry(v.check).or_default() += 1;
+            if stats.first_violation.is_none() {
+                stats.first_violation =
+                    Some(format!("request {i}: check {}: {}", v.check, v.detail));
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// Replays every conversation of a JSON Lines file; returns per-conversation stats and
+/// the total.
+pub async fn replay_file(
+    path: &std::path::Path,
+    engine: &Engine,
+    opts: &Options,
+) -> Result<(Vec<ReplayStats>, ReplayStats), ReplayError> {
+    let read_err = |source| ReplayError::Read { path: path.display().to_string(), source };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mut all = Vec::new();
+    let mut total = ReplayStats { id: "total".into(), ..ReplayStats::default() };
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(read_err)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: Value = serde_json::from_str(&line)
+            .map_err(|e| ReplayError::Record { line: n + 1, message: e.to_string() })?;
+        let conv = Conversation::from_record(&record, n + 1, opts.model.as_deref())?;
+        let stats = replay_conversation(engine, &conv, &ExtractiveSummarizer, opts).await?;
+        total.add(&stats);
+        all.push(stats);
+    }
+    Ok((all, total))
+}
+
+fn line(s: &ReplayStats) -> String {
+    let tiers: Vec<String> = s.tiers.iter().map(|(t, n)| format!("t{t}:{n}")).collect();
+    let viol: Vec<String> = s.violations.iter().map(|(c, n)| format!("({c}):{n}")).collect();
+    format!(
+        "{:<52} {:>5} {:>5} {:>8} {:>8} {:>6.1}% {:>5}  {:<24} {}",
+        s.id,
+        s.requests,
+        s.compacted,
+        s.peak_before,
+        s.peak_after,
+        s.ratio() * 100.0,
+        s.folds,
+        tiers.join(" "),
+        if viol.is_empty() { "0".to_owned() } else { viol.join(" ") }
+    )
+}
 
 /// Runs `foldgate replay`.
-pub fn run(_args: &crate::cli::ReplayArgs) -> ExitCode {
-    ExitCode::FAILURE
+#[allow(clippy::print_stdout, clippy::print_stderr)]
+pub fn run(args: &ReplayArgs) -> ExitCode {
+    let cfg = match super::load_compaction(args.config.config.as_deref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("foldgate replay: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let engine = Engine::new(cfg);
+    let opts = Options { window_cap: args.window, model: args.model.clone(), ..Options::default() };
+    let (all, total) = match rt.block_on(replay_file(&args.file, &engine, &opts)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("foldgate replay: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        let out = serde_json::json!({"conversations": all, "total": total, "ratio": total.ratio()});
+        println!("{out}");
+    } else {
+        println!(
+            "{:<52} {:>5} {:>5} {:>8} {:>8} {:>7} {:>5}  {:<24} violations",
+            "conversation", "reqs", "comp", "peak_in", "peak_out", "sent", "folds", "tiers"
+        );
+        for s in &all {
+            println!("{}", line(s));
+        }
+        println!("{}", line(&total));
+        if let Some(v) = &total.first_violation {
+            println!("first violation: {v}");
+        }
+    }
+    if total.violation_count() > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }

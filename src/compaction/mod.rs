@@ -1,2 +1,35 @@
 //! The compaction engine: plans how a chat request's `messages` are compacted to fit a
 //! token budget. Pure and synchronous except the summarizer call; knows nothing of HTTP.
+//!
+//! Entry point: [`Engine::compact`] (or [`Engine::compact_request`] for a parsed
+//! request) with the conversation's [`SessionState`], a [`Summarizer`] and [`Options`];
+//! it returns an [`Outcome`] with a [`Report`]. [`check::verify`] checks the guarantees
+//! of a forwarded request against its original. See `docs/COMPACTION.md`.
+//!
+//! [`Summarizer`]: crate::summarizer::Summarizer
+
+pub mod blocks;
+pub mod budget;
+pub mod check;
+pub mod engine;
+pub mod fold;
+pub mod plan;
+pub mod report;
+pub mod tokens;
+pub mod units;
+
+pub use blocks::{FoldBlock, SessionState};
+pub use budget::{Budget, Options};
+pub use engine::{Engine, Outcome};
+pub use report::Report;
+pub use tokens::TokenCache;
+
+use crate::model::ModelError;
+
+/// Errors of the engine. The caller forwards the original request on any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum CompactionError {
+    /// The body is not a chat request the engine understands.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}

@@ -30,6 +30,10 @@ pub struct CompactionConfig {
     pub default_reserve_tokens: usize,
     /// Caps every model's window (unset: the model's own window).
     pub max_context_tokens: Option<usize>,
+    /// A new digest may take about this many tokens.
+    pub digest_max_tokens: usize,
+    /// Artifacts a digest missed are appended to it within about this many tokens.
+    pub artifact_max_tokens: usize,
     /// Extra model table entries, matched before the built-in table.
     pub models: Vec<ModelEntry>,
 }
@@ -49,6 +53,8 @@ impl Default for CompactionConfig {
             default_encoding: "o200k_base".to_owned(),
             default_reserve_tokens: 4096,
             max_context_tokens: None,
+            digest_max_tokens: 1200,
+            artifact_max_tokens: 300,
             models: Vec::new(),
         }
     }
@@ -96,6 +102,9 @@ impl CompactionConfig {
         }
         if self.default_context_window == 0 {
             return Err(("compaction.default_context_window", "must be greater than 0".to_owned()));
+        }
+        if self.digest_max_tokens == 0 {
+            return Err(("compaction.digest_max_tokens", "must be greater than 0".to_owned()));
         }
         if self.max_context_tokens == Some(0) {
             return Err(("compaction.max_context_tokens", "must be greater than 0".to_owned()));

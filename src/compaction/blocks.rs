@@ -1,0 +1,98 @@
+//! Fold blocks: the stored, reusable result of folding a range of the history.
+//!
+//! A block covers original messages `[start, end)` and holds the exact JSON text of the
+//! messages it emits instead (the range's pinned and small user messages verbatim, then
+//! one digest). A later request of the same conversation reuses a block byte for byte
+//! while its history still holds the same messages in that range (checked by a hash of
+//! their hashes), so the forwarded prefix stays the same and provider prompt caches keep
+//! hitting. Blocks are contiguous from message 0; the first block that no longer matches
+//! is dropped with every block after it.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::tokens::TokenCache;
+use super::units::{Unit, is_boundary};
+use crate::model::{Message, ModelError};
+
+/// One fold block.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FoldBlock {
+    /// First original message covered.
+    pub start: usize,
+    /// One past the last original message covered.
+    pub end: usize,
+    /// Hash of the hashes of the covered messages' JSON text.
+    pub range_hash: u64,
+    /// The messages emitted in place of the range, as exact JSON text.
+    pub messages: Vec<Box<RawValue>>,
+    /// Original indices of the messages emitted verbatim (pinned and small user messages).
+    pub verbatim: Vec<usize>,
+    /// Which summarizer wrote the digest.
+    pub summarizer: String,
+    /// Share of the range's artifacts found in the digest before missing ones were appended.
+    pub artifact_recall: Option<f64>,
+}
+
+impl PartialEq for FoldBlock {
+    fn eq(&self, other: &Self) -> bool {
+        self.start == other.start
+            && self.end == other.end
+            && self.range_hash == other.range_hash
+            && self.messages.len() == other.messages.len()
+            && self.messages.iter().zip(&other.messages).all(|(a, b)| a.get() == b.get())
+    }
+}
+
+impl FoldBlock {
+    /// The emitted messages, parsed.
+    pub fn emitted(&self) -> Result<Vec<Arc<Message>>, ModelError> {
+        self.messages.iter().map(|raw| Message::from_raw(raw.clone()).map(Arc::new)).collect()
+    }
+}
+
+/// What the caller keeps per conversation between requests.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionState {
+    /// Fold blocks, contiguous from message 0, oldest first.
+    pub blocks: Vec<FoldBlock>,
+    /// Token counts of messages seen before.
+    pub token_cache: TokenCache,
+}
+
+/// Hash of the messages `msgs` (one range).
+pub fn range_hash(msgs: &[Arc<Message>]) -> u64 {
+    let mut h = Xxh3::new();
+    for m in msgs {
+        h.update(&m.hash().to_le_bytes());
+    }
+    h.digest()
+}
+
+/// Keeps the leading blocks that still match `msgs`; returns how many were dropped.
+pub fn retain_matching(
+    blocks: &mut Vec<FoldBlock>,
+    msgs: &[Arc<Message>],
+    units: &[Unit],
+) -> usize {
+    let mut expected_start = 0;
+    let mut keep = 0;
+    for b in blocks.iter() {
+        let ok = b.start == expected_start
+            && b.end > b.start
+            && b.end <= msgs.len()
+            && is_boundary(units, b.end)
+            && range_hash(&msgs[b.start..b.end]) == b.range_hash;
+        if !ok {
+            break;
+        }
+        expected_start = b.end;
+        keep += 1;
+    }
+    let dropped = blocks.len() - keep;
+    blocks.truncate(keep);
+    dropped
+}

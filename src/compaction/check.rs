@@ -1,0 +1,151 @@
+//! The guarantees of a forwarded request, checked against its original. Used by the
+//! property tests and by `foldgate replay`.
+//!
+//! 1. Valid: every tool/function message answers a call of the assistant message right
+//!    before its run of results, and every call is answered.
+//! 2. Every user message of at most `user_verbatim_max_tokens` tokens is present verbatim
+//!    and in order, whenever they take at most `floor_max_ratio` of the budget together
+//!    and fit beside the pinned messages and the last user message.
+//! 3. Pinned (`system`/`developer`) messages are unchanged and in order.
+//! 4. The forwarded prompt fits `window - reserve` whenever the pinned messages and the
+//!    last user message fit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::budget::Budget;
+use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
+use crate::config::CompactionConfig;
+use crate::model::{ChatRequest, Message, Role, call_parts};
+
+/// One broken guarantee.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// Which guarantee (1 to 4).
+    pub check: u8,
+    /// What is wrong.
+    pub detail: String,
+}
+
+/// Checks guarantees 1-4 of `forwarded` against `original`.
+pub fn verify(
+    original: &ChatRequest,
+    forwarded: &ChatRequest,
+    cfg: &CompactionConfig,
+    budget: &Budget,
+    cache: &mut TokenCache,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let orig = original.messages();
+    let fwd = forwarded.messages();
+    let mut counter = Counter { encoding: budget.encoding, cache };
+
+    if validity(orig).is_none() {
+        if let Some(detail) = validity(fwd) {
+            out.push(Violation { check: 1, detail });
+        }
+    }
+
+    let fixed = counter.tools(original.tools_raw()) + REPLY_PRIMING;
+    let pinned: Vec<&Arc<Message>> = orig.iter().filter(|m| m.role().is_pinned()).collect();
+    let pinned_tokens: usize = pinned.iter().map(|m| counter.message(m)).sum();
+    let last_user = orig.iter().rposition(|m| m.role() == Role::User && !m.is_digest());
+    let last_user_tokens = last_user.map_or(0, |i| counter.message(&orig[i]));
+    let small: Vec<(usize, &Arc<Message>)> = orig
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role() == Role::User && !m.is_digest())
+        .filter(|(_, m)| counter.message(m) <= cfg.user_verbatim_max_tokens)
+        .collect();
+    let small_tokens: usize =
+        small.iter().filter(|(i, _)| Some(*i) != last_user).map(|(_, m)| counter.message(m)).sum();
+    let essentials = fixed + pinned_tokens + last_user_tokens;
+
+    if small_tokens <= budget.floor && essentials + small_tokens <= budget.budget {
+        let wanted: Vec<&Arc<Message>> = small.iter().map(|(_, m)| *m).collect();
+        if let Some(missing) = first_missing_subsequence(&wanted, fwd) {
+            out.push(Violation {
+                check: 2,
+                detail: format!("user message {missing} not kept verbatim in order"),
+            });
+        }
+    }
+
+    let fwd_pinned: Vec<&Arc<Message>> = fwd.iter().filter(|m| m.role().is_pinned()).collect();
+    let same = fwd_pinned.len() == pinned.len()
+        && fwd_pinned.iter().zip(&pinned).all(|(a, b)| a.raw() == b.raw());
+    if !same {
+        out.push(Violation {
+            check: 3,
+            detail: "pinned messages changed, dropped or reordered".to_owned(),
+        });
+    }
+
+    if essentials <= budget.budget {
+        let after = fixed + fwd.iter().map(|m| counter.message(m)).sum::<usize>();
+        if after > budget.budget {
+            out.push(Violation {
+                check: 4,
+                detail: format!("{after} tokens exceed the budget of {}", budget.budget),
+            });
+        }
+    }
+    out
+}
+
+/// The first message of `wanted` (by index in `wanted`) that is not found, in order and
+/// verbatim, in `haystack`.
+fn first_missing_subsequence(wanted: &[&Arc<Message>], haystack: &[Arc<Message>]) -> Option<usize> {
+    let mut it = haystack.iter();
+    for (k, w) in wanted.iter().enumerate() {
+        if !it.any(|h| h.hash() == w.hash() && h.raw() == w.raw()) {
+            return Some(k);
+        }
+    }
+    None
+}
+
+/// Why `msgs` is not a valid tool-call sequence, or `None` if it is.
+pub fn validity(msgs: &[Arc<Message>]) -> Option<String> {
+    let mut i = 0;
+    while i < msgs.len() {
+        let m = &msgs[i];
+        if m.role().is_tool_result() {
+            return Some(format!("message {i} answers no call"));
+        }
+        if m.makes_calls() {
+            let mut open: HashMap<&str, usize> = HashMap::new();
+            for call in m.tool_calls() {
+                *open.entry(call_parts(call).0).or_default() += 1;
+            }
+            let legacy = m.function_call().is_some();
+            let mut function_answered = false;
+            let mut j = i + 1;
+            while j < msgs.len() && msgs[j].role().is_tool_result() {
+                let r = &msgs[j];
+                if r.role() == Role::Function {
+                    if !legacy || function_answered {
+                        return Some(format!("message {j} answers no function call"));
+                    }
+                    function_answered = true;
+                } else {
+                    let id = r.tool_call_id().unwrap_or("");
+                    match open.get_mut(id) {
+                        Some(n) if *n > 0 => *n -= 1,
+                        _ => return Some(format!("message {j} answers no call of message {i}")),
+                    }
+                }
+                j += 1;
+            }
+            if open.values().any(|&n| n > 0) || (legacy && !function_answered) {
+                return Some(format!("a call of message {i} is not answered"));
+            }
+            i = j;
+            continue;
+        }
+        i += 1;
+    }
+    None
+}

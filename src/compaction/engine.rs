@@ -1,0 +1,245 @@
+//! The engine: one call plans and applies the compaction of one request.
+
+use std::sync::Arc;
+
+use super::CompactionError;
+use super::blocks::{SessionState, retain_matching};
+use super::budget::{Budget, Options};
+use super::fold::{DigestLimits, fold, has_work, work_tokens};
+use super::plan::Plan;
+use super::report::Report;
+use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
+use super::units::{group_tail_start, turn_tail_start, units};
+use crate::config::CompactionConfig;
+use crate::model::{ChatRequest, Message};
+use crate::summarizer::Summarizer;
+
+/// What to forward.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Forward the original bytes untouched.
+    Unchanged {
+        /// What was measured.
+        report: Report,
+    },
+    /// Forward `body` instead.
+    Compacted {
+        /// The serialized request to forward.
+        body: Vec<u8>,
+        /// The same request, structured.
+        request: ChatRequest,
+        /// What was done.
+        report: Report,
+    },
+}
+
+impl Outcome {
+    /// The report.
+    pub fn report(&self) -> &Report {
+        match self {
+            Self::Unchanged { report } | Self::Compacted { report, .. } => report,
+        }
+    }
+}
+
+/// The compaction engine. Cheap to share: holds only its configuration.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    cfg: CompactionConfig,
+}
+
+impl Engine {
+    /// An engine with `cfg` (validated by the config loader).
+    pub fn new(cfg: CompactionConfig) -> Self {
+        Self { cfg }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CompactionConfig {
+        &self.cfg
+    }
+
+    /// Parses `body` and compacts it (see [`Engine::compact_request`]).
+    pub async fn compact(
+        &self,
+        body: &[u8],
+        state: &mut SessionState,
+        summarizer: &dyn Summarizer,
+        opts: &Options,
+    ) -> Result<Outcome, CompactionError> {
+        let request = ChatRequest::parse(body)?;
+        self.compact_request(&request, state, summarizer, opts).await
+    }
+
+    /// Exact prompt tokens of `request` (messages, tool definitions, reply priming).
+    pub fn count_prompt(
+        &self,
+        request: &ChatRequest,
+        budget: &Budget,
+        cache: &mut TokenCache,
+    ) -> usize {
+        let mut counter = Counter { encoding: budget.encoding, cache };
+        let msgs: usize = request.messages().iter().map(|m| counter.message(m)).sum();
+        msgs + counter.tools(request.tools_raw()) + REPLY_PRIMING
+    }
+
+    /// Compacts one request of a conversation whose earlier state is `state` (fold blocks
+    /// and token cache, updated in place). Below the trigger, without stored blocks and
+    /// without `force`, returns [`Outcome::Unchanged`]. Otherwise applies the stored
+    /// blocks that still match, then the tiers (1 elide, 2 fold, 4 fallback), each only
+    /// while the prompt is over target.
+    pub async fn compact_request(
+        &self,
+        request: &ChatRequest,
+        state: &mut SessionState,
+        summarizer: &dyn Summarizer,
+        opts: &Options,
+    ) -> Result<Outcome, CompactionError> {
+        let cfg = &self.cfg;
+        let budget = Budget::of(request, cfg, opts);
+        let msgs = request.messages();
+        let units = units(msgs);
+        let invalidated = retain_matching(&mut state.blocks, msgs, &units);
+        let mut report = Report {
+            budget: budget.clone(),
+            tokens_before: 0,
+            tokens_before_exact: true,
+            tokens_after: 0,
+            tier: 0,
+            forced: opts.force,
+            messages_before: msgs.len(),
+            messages_after: msgs.len(),
+            kept: msgs.len(),
+            elided: 0,
+            folded: 0,
+            dropped: 0,
+            blocks_reused: state.blocks.len(),
+            blocks_new: 0,
+            blocks_invalidated: invalidated,
+            summarizer: None,
+            summarizer_error: None,
+            artifact_recall: None,
+            fits: true,
+        };
+        let SessionState { blocks, token_cache } = state;
+        let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
+        let tools_raw = request.tools_raw();
+
+        if !opts.force && (blocks.is_empty() || !cfg.enabled) {
+            let upper = counter.message_upper_bound_total(msgs, tools_raw);
+            if upper <= budget.trigger || !cfg.enabled {
+                report.tokens_before = upper;
+                report.tokens_before_exact = false;
+                report.tokens_after = upper;
+                report.fits = upper <= budget.budget;
+                report.blocks_reused = 0;
+                return Ok(Outcome::Unchanged { report });
+            }
+        }
+
+        let fixed = counter.tools(tools_raw) + REPLY_PRIMING;
+        let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
+        report.tokens_before = fixed + tokens.iter().sum::<usize>();
+        let user_max = cfg.user_verbatim_max_tokens;
+        let mut plan = Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
+
+        if opts.force || plan.total() > budget.trigger {
+            let blocks_end = blocks.last().map_or(0, |b| b.end);
+            let tail0 = turn_tail_start(&units, cfg.keep_last_turns).max(blocks_end);
+            if plan.elide_before(tail0, cfg.elide_min_tokens, budget.target, &mut counter)? {
+                report.tier = 1;
+            }
+            if plan.total() > budget.target {
+                let tail1 =
+                    group_tail_start(&units, tail0, cfg.keep_last_tool_groups).max(blocks_end);
+                let end = self.fold_end(msgs, &tokens, &plan, blocks_end, tail0, tail1, &budget);
+                // A fold worth making recovers at least half the gap between trigger and
+                // target; smaller ones would be redone on the next request.
+                let min_work = (budget.trigger - budget.target) / 2;
+                if end > blocks_end
+                    && work_tokens(msgs, &tokens, blocks_end, end, user_max) >= min_work.max(1)
+                {
+                    let prior = match blocks.last() {
+                        Some(b) => b.emitted()?.last().map(|m| m.text()),
+                        None => None,
+                    };
+                    let limits = DigestLimits {
+                        max_tokens: cfg.digest_max_tokens,
+                        artifact_tokens: cfg.artifact_max_tokens,
+                        user_max,
+                    };
+                    let folded =
+                        fold(msgs, &tokens, blocks_end, end, prior.as_deref(), summarizer, limits)
+                            .await?;
+                    report.summarizer = Some(folded.block.summarizer.clone());
+                    report.summarizer_error = folded.error;
+                    report.artifact_recall = folded.block.artifact_recall;
+                    report.blocks_new = 1;
+                    blocks.push(folded.block);
+                    plan =
+                        Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
+                    report.tier = 2;
+                }
+            }
+            if plan.total() > budget.target {
+                plan.fallback(
+                    budget.target,
+                    budget.budget,
+                    budget.floor,
+                    cfg.elide_min_tokens,
+                    &mut counter,
+                )?;
+                report.tier = 4;
+            }
+        }
+
+        let forwarded = plan.messages();
+        report.tokens_after = plan.total();
+        report.fits = report.tokens_after <= budget.budget;
+        report.messages_after = forwarded.len();
+        report.blocks_reused -= report.blocks_new.min(report.blocks_reused);
+        let live = plan.items.iter().filter(|i| !i.dropped);
+        report.kept = live.clone().map(|i| i.originals - i.elided).sum();
+        report.elided = live.clone().map(|i| i.elided).sum();
+        report.folded = live.map(|i| i.folds).sum();
+        report.dropped = msgs.len().saturating_sub(report.kept + report.elided + report.folded);
+        if same_messages(&forwarded, msgs) {
+            return Ok(Outcome::Unchanged { report });
+        }
+        let out = request.with_messages(forwarded);
+        Ok(Outcome::Compacted { body: out.to_vec(), request: out, report })
+    }
+
+    /// Where the new fold ends: the turn tail, or deeper inside a live turn when folding
+    /// up to the turn tail would predictably still miss the target.
+    #[allow(clippy::too_many_arguments)]
+    fn fold_end(
+        &self,
+        msgs: &[Arc<Message>],
+        tokens: &[usize],
+        plan: &Plan,
+        blocks_end: usize,
+        tail0: usize,
+        tail1: usize,
+        budget: &Budget,
+    ) -> usize {
+        if tail1 <= tail0 {
+            return tail0;
+        }
+        let user_max = self.cfg.user_verbatim_max_tokens;
+        let before_blocks: usize =
+            plan.items.iter().filter(|i| i.pos < blocks_end).map(|i| i.tokens).sum();
+        let kept_in_region: usize = (blocks_end..tail0)
+            .filter(|&i| !has_work(msgs, tokens, i, i + 1, user_max))
+            .map(|i| tokens[i])
+            .sum();
+        let rest: usize = tokens[tail0..].iter().sum();
+        let predicted =
+            plan.fixed + before_blocks + kept_in_region + self.cfg.digest_max_tokens + rest;
+        if predicted > budget.target { tail1 } else { tail0 }
+    }
+}
+
+fn same_messages(a: &[Arc<Message>], b: &[Arc<Message>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.hash() == y.hash() && x.raw() == y.raw())
+}

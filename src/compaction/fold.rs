@@ -1,0 +1,167 @@
+//! Tier 2: folding a range of the history into a new fold block.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::blocks::{FoldBlock, range_hash};
+use crate::model::{DIGEST_MARKER, Message, ModelError, Role};
+use crate::summarizer::artifacts::{self, Artifact};
+use crate::summarizer::extractive;
+use crate::summarizer::{Summarizer, SummaryInput};
+
+/// Limits of a new digest.
+#[derive(Debug, Clone, Copy)]
+pub struct DigestLimits {
+    /// The digest body should stay within about this many tokens.
+    pub max_tokens: usize,
+    /// Artifacts the digest missed are appended within about this many tokens.
+    pub artifact_tokens: usize,
+    /// User messages up to this many tokens stay verbatim.
+    pub user_max: usize,
+}
+
+/// A new block and how its digest was made.
+pub struct Folded {
+    /// The block.
+    pub block: FoldBlock,
+    /// The summarizer's error when the extractive fallback was used.
+    pub error: Option<String>,
+}
+
+/// True if `[start, end)` holds anything that folding would replace.
+pub fn has_work(
+    msgs: &[Arc<Message>],
+    tokens: &[usize],
+    start: usize,
+    end: usize,
+    user_max: usize,
+) -> bool {
+    (start..end).any(|i| !is_verbatim(&msgs[i], tokens[i], user_max))
+}
+
+/// Tokens of what folding `[start, end)` would replace.
+pub fn work_tokens(
+    msgs: &[Arc<Message>],
+    tokens: &[usize],
+    start: usize,
+    end: usize,
+    user_max: usize,
+) -> usize {
+    (start..end).filter(|&i| !is_verbatim(&msgs[i], tokens[i], user_max)).map(|i| tokens[i]).sum()
+}
+
+fn is_verbatim(m: &Message, tokens: usize, user_max: usize) -> bool {
+    m.role().is_pinned() || (m.role() == Role::User && !m.is_digest() && tokens <= user_max)
+}
+
+/// Folds original messages `[start, end)` into a block: their pinned and small user
+/// messages verbatim, then one digest. The summarizer's failure (or empty answer) falls
+/// back to the extractive digest.
+pub async fn fold(
+    msgs: &[Arc<Message>],
+    tokens: &[usize],
+    start: usize,
+    end: usize,
+    prior_digest: Option<&str>,
+    summarizer: &dyn Summarizer,
+    limits: DigestLimits,
+) -> Result<Folded, ModelError> {
+    let region = &msgs[start..end];
+    let input = SummaryInput { messages: region, prior_digest, max_tokens: limits.max_tokens };
+    let (body, name, error) = match summarizer.summarize(input).await {
+        Ok(text) if !text.trim().is_empty() => (text, summarizer.name(), None),
+        Ok(_) => (
+            extractive::digest(region, limits.max_tokens),
+            "extractive",
+            Some("empty digest".to_owned()),
+        ),
+        Err(e) => {
+            (extractive::digest(region, limits.max_tokens), "extractive", Some(e.to_string()))
+        }
+    };
+    let body = clip_chars(body.trim(), limits.max_tokens * 4);
+    let found = artifacts::extract(region);
+    let missing = artifacts::missing(&found, &body);
+    let recall =
+        (!found.is_empty()).then(|| (found.len() - missing.len()) as f64 / found.len() as f64);
+    let body = append_artifacts(body, &missing, limits.artifact_tokens * 3);
+    let digest = json!({"role": "assistant", "content": format!("{DIGEST_MARKER}\n{body}")});
+
+    let mut messages = Vec::new();
+    let mut verbatim = Vec::new();
+    for (i, m) in region.iter().enumerate() {
+        if is_verbatim(m, tokens[start + i], limits.user_max) {
+            messages
+                .push(RawValue::from_string(m.raw().to_owned()).map_err(ModelError::Serialize)?);
+            verbatim.push(start + i);
+        }
+    }
+    let text = serde_json::to_string(&digest).map_err(ModelError::Serialize)?;
+    messages.push(RawValue::from_string(text).map_err(ModelError::Serialize)?);
+    let block = FoldBlock {
+        start,
+        end,
+        range_hash: range_hash(region),
+        messages,
+        verbatim,
+        summarizer: name.to_owned(),
+        artifact_recall: recall,
+    };
+    Ok(Folded { block, error })
+}
+
+fn clip_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// Appends missing artifacts to the digest's "Key artifacts" section (creating it at the
+/// end if the digest does not end with one), within `max_chars`.
+fn append_artifacts(mut body: String, missing: &[&Artifact], max_chars: usize) -> String {
+    if missing.is_empty() {
+        return body;
+    }
+    let ends_with_artifacts =
+        body.rfind("\n## ").map_or(body.starts_with("## Key artifacts"), |i| {
+            body[i..].starts_with("\n## Key artifacts")
+        });
+    if !ends_with_artifacts {
+        body.push_str("\n\n## Key artifacts");
+    }
+    let mut used = 0;
+    for a in missing {
+        let line = format!("\n- {}: {}", a.kind.label(), a.text);
+        if used + line.len() > max_chars {
+            break;
+        }
+        used += line.len();
+        body.push_str(&line);
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::summarizer::artifacts::ArtifactKind;
+
+    #[test]
+    fn appends_into_existing_section_or_a_new_one() {
+        let a = Artifact { kind: ArtifactKind::Path, text: "src/a.rs".into() };
+        let out = append_artifacts(
+            "## Milestones\n- x\n\n## Key artifacts\n- Files: b.rs".into(),
+            &[&a],
+            100,
+        );
+        assert_eq!(out.matches("## Key artifacts").count(), 1);
+        assert!(out.ends_with("- Files: src/a.rs"));
+        let out = append_artifacts("## Milestones\n- x".into(), &[&a], 100);
+        assert!(out.ends_with("## Key artifacts\n- Files: src/a.rs"));
+        let out = append_artifacts("x".into(), &[&a], 5);
+        assert!(!out.contains("src/a.rs"));
+    }
+}

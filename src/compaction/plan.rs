@@ -1,0 +1,312 @@
+//! The working plan: the forwarded conversation as a list of items, and the cheap tiers
+//! that edit it (tier 1 elide, tier 4 fallback).
+//!
+//! An item is what is kept or dropped as a whole: a pinned message, a user message, one
+//! unit of work (an assistant message with the results answering its calls), or a
+//! digest. Dropping whole items can never separate a call from its result.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::blocks::FoldBlock;
+use super::tokens::Counter;
+use super::units::{Unit, UnitKind};
+use crate::model::{Message, ModelError, Role, call_parts};
+
+/// What an item is, for the fallback's order of sacrifice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Pinned: never dropped.
+    Pinned,
+    /// A small user message (kept verbatim while it fits).
+    User,
+    /// The last user message: never dropped.
+    LastUser,
+    /// A digest of a fold block.
+    Digest,
+    /// Assistant and tool work, or a large user message.
+    Work,
+}
+
+/// One item of the plan.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// The messages it forwards.
+    pub msgs: Vec<Arc<Message>>,
+    /// Their tokens.
+    pub tokens: usize,
+    /// What it is.
+    pub kind: Kind,
+    /// Original index of its first message (for block items: of the block's start).
+    pub pos: usize,
+    /// Original messages it forwards verbatim or elided.
+    pub originals: usize,
+    /// Of those, how many were elided.
+    pub elided: usize,
+    /// For a digest: original messages it folds.
+    pub folds: usize,
+    /// Dropped by the fallback.
+    pub dropped: bool,
+}
+
+/// The plan: items plus fixed costs (tool definitions, reply priming).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Items in forwarding order.
+    pub items: Vec<Item>,
+    /// Tokens outside the messages.
+    pub fixed: usize,
+}
+
+impl Plan {
+    /// Builds the plan: stored blocks, then original messages from `from` on, as units.
+    pub fn build(
+        blocks: &[FoldBlock],
+        msgs: &[Arc<Message>],
+        units: &[Unit],
+        tokens: &[usize],
+        fixed: usize,
+        user_max: usize,
+        counter: &mut Counter<'_>,
+    ) -> Result<Self, ModelError> {
+        let mut items = Vec::new();
+        for b in blocks {
+            let emitted = b.emitted()?;
+            let n_verbatim = b.verbatim.len();
+            for (k, m) in emitted.into_iter().enumerate() {
+                let tokens = counter.message(&m);
+                let pos = b.verbatim.get(k).copied().unwrap_or(b.start);
+                let (kind, originals, folds) = if k >= n_verbatim {
+                    (Kind::Digest, 0, (b.end - b.start).saturating_sub(n_verbatim))
+                } else if m.role().is_pinned() {
+                    (Kind::Pinned, 1, 0)
+                } else {
+                    (Kind::User, 1, 0)
+                };
+                items.push(Item {
+                    msgs: vec![m],
+                    tokens,
+                    kind,
+                    pos,
+                    originals,
+                    elided: 0,
+                    folds,
+                    dropped: false,
+                });
+            }
+        }
+        let from = blocks.last().map_or(0, |b| b.end);
+        for u in units.iter().filter(|u| u.start >= from) {
+            let kind = match u.kind {
+                UnitKind::Pinned => Kind::Pinned,
+                UnitKind::User if tokens[u.start] <= user_max => Kind::User,
+                _ => Kind::Work,
+            };
+            items.push(Item {
+                msgs: msgs[u.start..u.end].to_vec(),
+                tokens: tokens[u.start..u.end].iter().sum(),
+                kind,
+                pos: u.start,
+                originals: u.end - u.start,
+                elided: 0,
+                folds: 0,
+                dropped: false,
+            });
+        }
+        let mut plan = Self { items, fixed };
+        plan.mark_last_user(msgs);
+        Ok(plan)
+    }
+
+    /// Marks the item holding the conversation's last user message (wherever it is).
+    fn mark_last_user(&mut self, msgs: &[Arc<Message>]) {
+        let Some(last) = msgs.iter().rposition(|m| m.role() == Role::User && !m.is_digest()) else {
+            return;
+        };
+        let hash = msgs[last].hash();
+        if let Some(item) = self.items.iter_mut().rev().find(|i| {
+            i.msgs.len() == 1 && i.msgs[0].role() == Role::User && i.msgs[0].hash() == hash
+        }) {
+            item.kind = Kind::LastUser;
+        }
+    }
+
+    /// Prompt tokens of what is currently planned.
+    pub fn total(&self) -> usize {
+        self.fixed + self.items.iter().filter(|i| !i.dropped).map(|i| i.tokens).sum::<usize>()
+    }
+
+    /// The forwarded messages.
+    pub fn messages(&self) -> Vec<Arc<Message>> {
+        self.items.iter().filter(|i| !i.dropped).flat_map(|i| i.msgs.iter().cloned()).collect()
+    }
+
+    /// Tier 1: stubs tool results over `min_tokens` in work items before original index
+    /// `before`, oldest first, until `target` is met. Returns whether anything changed.
+    pub fn elide_before(
+        &mut self,
+        before: usize,
+        min_tokens: usize,
+        target: usize,
+        counter: &mut Counter<'_>,
+    ) -> Result<bool, ModelError> {
+        let mut changed = false;
+        for i in 0..self.items.len() {
+            if self.total() <= target {
+                break;
+            }
+            let it = &self.items[i];
+            if it.kind == Kind::Work && it.pos < before && !it.dropped {
+                changed |= self.elide_item(i, min_tokens, counter)?;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Replaces the content of every tool result over `min_tokens` in item `i` by a stub.
+    fn elide_item(
+        &mut self,
+        i: usize,
+        min_tokens: usize,
+        counter: &mut Counter<'_>,
+    ) -> Result<bool, ModelError> {
+        let item = &self.items[i];
+        let caller = item.msgs.first().filter(|m| m.makes_calls()).cloned();
+        let mut changed = false;
+        let mut new_msgs = item.msgs.clone();
+        for (k, m) in item.msgs.iter().enumerate() {
+            if !m.role().is_tool_result() || m.text().starts_with(STUB_PREFIX) {
+                continue;
+            }
+            let t = counter.message(m);
+            if t <= min_tokens {
+                continue;
+            }
+            let name = tool_name(caller.as_deref(), m, k.saturating_sub(1));
+            new_msgs[k] = Arc::new(stub(m, &name, t)?);
+            changed = true;
+        }
+        if changed {
+            let elided =
+                new_msgs.iter().zip(&item.msgs).filter(|(a, b)| a.hash() != b.hash()).count();
+            let tokens = new_msgs.iter().map(|m| counter.message(m)).sum();
+            let item = &mut self.items[i];
+            item.elided += elided;
+            item.msgs = new_msgs;
+            item.tokens = tokens;
+        }
+        Ok(changed)
+    }
+
+    /// Tier 4: drops and stubs until the prompt fits, keeping pinned messages, the last
+    /// user message, and as many small user messages as fit. In order, each step
+    /// stopping once its goal is met:
+    /// 1. stub large tool results, except in the newest item (goal: `target`);
+    /// 2. drop work older than the last user message, then, while the small user messages
+    ///    take more than `floor`, the oldest of them, then digests, oldest first (`target`);
+    /// 3. stub every remaining tool result (goal: `limit`);
+    /// 4. drop work after the last user message, oldest first (`limit`);
+    /// 5. drop small user messages, oldest first (`limit`).
+    pub fn fallback(
+        &mut self,
+        target: usize,
+        limit: usize,
+        floor: usize,
+        min_tokens: usize,
+        counter: &mut Counter<'_>,
+    ) -> Result<(), ModelError> {
+        let n = self.items.len();
+        let last_user =
+            self.items.iter().position(|i| i.kind == Kind::LastUser).unwrap_or(n.saturating_sub(1));
+        for i in 0..n.saturating_sub(1) {
+            if self.total() <= target {
+                break;
+            }
+            if self.items[i].kind == Kind::Work {
+                self.elide_item(i, min_tokens, counter)?;
+            }
+        }
+        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Work);
+        // Past the floor, the oldest small user messages go before the digests do.
+        let mut users: usize = self
+            .items
+            .iter()
+            .filter(|i| i.kind == Kind::User && !i.dropped)
+            .map(|i| i.tokens)
+            .sum();
+        let mut total = self.total();
+        for it in self.items.iter_mut().filter(|i| i.kind == Kind::User && !i.dropped) {
+            if users <= floor || total <= target {
+                break;
+            }
+            it.dropped = true;
+            users -= it.tokens;
+            total -= it.tokens;
+        }
+        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Digest);
+        for i in 0..n {
+            if self.total() <= limit {
+                break;
+            }
+            if self.items[i].kind == Kind::Work && !self.items[i].dropped {
+                self.elide_item(i, 0, counter)?;
+            }
+        }
+        self.drop_where(limit, |i, it| {
+            i > last_user && matches!(it.kind, Kind::Work | Kind::Digest)
+        });
+        self.drop_where(limit, |_, it| it.kind == Kind::User);
+        Ok(())
+    }
+
+    fn drop_where(&mut self, goal: usize, pred: impl Fn(usize, &Item) -> bool) {
+        let mut total = self.total();
+        for (i, it) in self.items.iter_mut().enumerate() {
+            if total <= goal {
+                break;
+            }
+            if !it.dropped && pred(i, it) {
+                it.dropped = true;
+                total -= it.tokens;
+            }
+        }
+    }
+}
+
+/// Every elision stub starts with this.
+pub const STUB_PREFIX: &str = "[elided by foldgate:";
+
+/// The name of the tool whose call `result` answers: the caller's call with the same id,
+/// else the call at the same position.
+fn tool_name(caller: Option<&Message>, result: &Message, position: usize) -> String {
+    let Some(caller) = caller else { return "tool".to_owned() };
+    let calls: Vec<&Value> = caller.tool_calls().iter().chain(caller.function_call()).collect();
+    let by_id = result.tool_call_id().and_then(|id| calls.iter().find(|c| call_parts(c).0 == id));
+    by_id
+        .or_else(|| calls.get(position))
+        .map(|c| call_parts(c).1.to_owned())
+        .or_else(|| result.name().map(str::to_owned))
+        .unwrap_or_else(|| "tool".to_owned())
+}
+
+fn stub(m: &Message, name: &str, tokens: usize) -> Result<Message, ModelError> {
+    let text = m.text();
+    let first: String = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect();
+    let content = format!(
+        "{STUB_PREFIX} output of `{name}`, {tokens} tokens, {} lines; first line: {first}]",
+        text.lines().count()
+    );
+    let mut v = m.value().clone();
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("content".to_owned(), Value::String(content));
+    }
+    Message::from_value(v)
+}

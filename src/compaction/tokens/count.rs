@@ -1,0 +1,181 @@
+//! OpenAI's per-message token accounting.
+//!
+//! Following the openai-cookbook notebook "How to count tokens with tiktoken": every
+//! message costs 3 tokens of framing plus its role and content, a `name` costs its tokens
+//! plus 1, and every reply is primed with 3 tokens. Tool and function calls add their
+//! name and arguments plus a small framing overhead; tool definitions are counted as
+//! their JSON text, which over-estimates OpenAI's internal rendering (safe for a budget).
+//! Image parts cost by detail: `low` is 85 tokens, `high`/`auto` 85 plus 170 per 512 px
+//! tile, and the largest possible tiling when the size is unknown.
+
+use serde_json::Value;
+
+use super::encoding::Encoding;
+use crate::model::{Message, call_parts};
+
+/// Framing tokens of every message.
+pub const TOKENS_PER_MESSAGE: usize = 3;
+/// Extra tokens when a message has a `name`.
+pub const TOKENS_PER_NAME: usize = 1;
+/// Tokens priming the reply, once per request.
+pub const REPLY_PRIMING: usize = 3;
+/// Framing tokens of one tool or function call.
+pub const CALL_OVERHEAD: usize = 3;
+/// An image part at `detail: low`.
+pub const IMAGE_LOW: usize = 85;
+/// Per 512 px tile at `detail: high`.
+pub const IMAGE_TILE: usize = 170;
+/// An image of unknown size at `high`/`auto`: the most tiles any size can produce
+/// (768 × 2048 after scaling → 2 × 4 tiles).
+pub const IMAGE_UNKNOWN: usize = IMAGE_LOW + 8 * IMAGE_TILE;
+
+/// Tokens of an image part by detail and, when known, pixel size.
+pub fn image_tokens(detail: &str, size: Option<(u32, u32)>) -> usize {
+    if detail == "low" {
+        return IMAGE_LOW;
+    }
+    let Some((w, h)) = size else { return IMAGE_UNKNOWN };
+    let (mut w, mut h) = (f64::from(w.max(1)), f64::from(h.max(1)));
+    let fit = (2048.0 / w.max(h)).min(1.0);
+    w *= fit;
+    h *= fit;
+    let short = (768.0 / w.min(h)).min(1.0);
+    w *= short;
+    h *= short;
+    let tiles = (w / 512.0).ceil() * (h / 512.0).ceil();
+    // At most 16 tiles (2048 / 512 squared); the value is small and non-negative.
+    IMAGE_LOW + IMAGE_TILE * (tiles.clamp(0.0, 16.0) as usize)
+}
+
+fn part_tokens(enc: Encoding, part: &Value) -> usize {
+    match part.get("type").and_then(Value::as_str) {
+        Some("text") => part.get("text").and_then(Value::as_str).map_or(0, |t| enc.count(t)),
+        Some("image_url") => {
+            let detail =
+                part.pointer("/image_url/detail").and_then(Value::as_str).unwrap_or("auto");
+            image_tokens(detail, None)
+        }
+        // Audio, files and unknown parts: their JSON text, a generous stand-in.
+        _ => serde_json::to_string(part).map_or(0, |s| s.len() / 3 + 1),
+    }
+}
+
+fn content_tokens(enc: Encoding, content: Option<&Value>) -> usize {
+    match content {
+        Some(Value::String(s)) => enc.count(s),
+        Some(Value::Array(parts)) => parts.iter().map(|p| part_tokens(enc, p)).sum(),
+        _ => 0,
+    }
+}
+
+/// Exact tokens of one message (without the reply priming).
+pub fn message_tokens(enc: Encoding, msg: &Message) -> usize {
+    let v = msg.value();
+    let mut n = TOKENS_PER_MESSAGE;
+    if let Some(role) = v.get("role").and_then(Value::as_str) {
+        n += enc.count(role);
+    }
+    n += content_tokens(enc, msg.content());
+    if let Some(name) = msg.name() {
+        n += enc.count(name) + TOKENS_PER_NAME;
+    }
+    if let Some(refusal) = v.get("refusal").and_then(Value::as_str) {
+        n += enc.count(refusal);
+    }
+    let calls = msg.tool_calls().iter().chain(msg.function_call());
+    for call in calls {
+        let (_, name, args) = call_parts(call);
+        n += CALL_OVERHEAD + enc.count(name) + enc.count(args);
+    }
+    n
+}
+
+/// A cheap upper bound of [`message_tokens`]: a token is at least one byte of text, and
+/// text never takes more bytes than its JSON encoding.
+pub fn message_upper_bound(msg: &Message) -> usize {
+    let images = match msg.content() {
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("image_url"))
+            .count(),
+        _ => 0,
+    };
+    let calls = msg.tool_calls().len() + usize::from(msg.function_call().is_some());
+    msg.raw().len()
+        + TOKENS_PER_MESSAGE
+        + TOKENS_PER_NAME
+        + images * IMAGE_UNKNOWN
+        + calls * CALL_OVERHEAD
+}
+
+/// Tokens of the `tools` definitions, counted as their JSON text.
+pub fn tools_tokens(enc: Encoding, tools_raw: &str) -> usize {
+    enc.count(tools_raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The six messages of the openai-cookbook notebook "How to count tokens with
+    /// tiktoken" (examples/How_to_count_tokens_with_tiktoken.ipynb), for which the
+    /// notebook reports 129 prompt tokens for gpt-3.5-turbo-0613 and gpt-4-0613
+    /// (cl100k_base) and 124 for gpt-4o and gpt-4o-mini (o200k_base), each matching the
+    /// `usage.prompt_tokens` the API returned.
+    fn cookbook_messages() -> Vec<Message> {
+        let v = json!([
+            {"role": "system", "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English."},
+            {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
+            {"role": "system", "name": "example_assistant", "content": "Things working well together will increase revenue."},
+            {"role": "system", "name": "example_user", "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage."},
+            {"role": "system", "name": "example_assistant", "content": "Let's talk later when we're less busy about how to do better."},
+            {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client deliverable."}
+        ]);
+        v.as_array().unwrap().iter().map(|m| Message::from_value(m.clone()).unwrap()).collect()
+    }
+
+    fn prompt(enc: Encoding, msgs: &[Message]) -> usize {
+        msgs.iter().map(|m| message_tokens(enc, m)).sum::<usize>() + REPLY_PRIMING
+    }
+
+    #[test]
+    fn matches_openai_published_counts() {
+        let msgs = cookbook_messages();
+        assert_eq!(prompt(Encoding::Cl100kBase, &msgs), 129);
+        assert_eq!(prompt(Encoding::O200kBase, &msgs), 124);
+    }
+
+    #[test]
+    fn upper_bound_bounds() {
+        for m in cookbook_messages() {
+            assert!(message_upper_bound(&m) >= message_tokens(Encoding::O200kBase, &m));
+        }
+        let m = Message::from_value(json!({"role":"user","content":[
+            {"type":"text","text":"look"},
+            {"type":"image_url","image_url":{"url":"https://x/y.png","detail":"high"}}]}))
+        .unwrap();
+        assert!(message_upper_bound(&m) >= message_tokens(Encoding::O200kBase, &m));
+    }
+
+    #[test]
+    fn images_by_detail() {
+        assert_eq!(image_tokens("low", Some((4096, 4096))), 85);
+        // OpenAI's worked examples: 1024×1024 high → 765; 2048×4096 high → 1105.
+        assert_eq!(image_tokens("high", Some((1024, 1024))), 765);
+        assert_eq!(image_tokens("high", Some((2048, 4096))), 1105);
+        assert_eq!(image_tokens("auto", None), IMAGE_UNKNOWN);
+    }
+
+    #[test]
+    fn calls_are_counted() {
+        let plain = Message::from_value(json!({"role":"assistant","content":null})).unwrap();
+        let call = Message::from_value(json!({"role":"assistant","content":null,"tool_calls":[
+            {"id":"c","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}))
+        .unwrap();
+        assert!(
+            message_tokens(Encoding::O200kBase, &call)
+                > message_tokens(Encoding::O200kBase, &plain) + CALL_OVERHEAD
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! BPE encodings and bounded-work token counting.
+//!
+//! BPE merging is superlinear in the length of one pre-tokenized piece, and an untrusted
+//! message can hold a single piece megabytes long (a run of `a`s, of spaces, a base64
+//! blob). Text is therefore cut into chunks before it reaches the tokenizer: at points
+//! where the tokenizer's own pre-split always starts a new piece (a space followed by an
+//! ASCII letter, or an ASCII letter right after a newline), so counts stay exact, and, in
+//! a run longer than [`MAX_RUN`] bytes without such a point, at a character boundary
+//! every [`MAX_RUN`] bytes, which bounds the work per byte at the price of a count that
+//! may differ by about one token per cut inside that run.
+
+use serde::{Deserialize, Serialize};
+use tiktoken_rs::CoreBPE;
+
+/// Longest run of bytes without a safe split point that is tokenized in one piece.
+pub const MAX_RUN: usize = 128;
+/// Target size of the chunks handed to the tokenizer in one call.
+const MAX_CHUNK: usize = 16 * 1024;
+
+/// A tokenizer encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// GPT-4o, GPT-4.1, GPT-5 and the o-series.
+    O200kBase,
+    /// GPT-4 and GPT-3.5.
+    Cl100kBase,
+}
+
+impl Encoding {
+    /// Parses `o200k_base` or `cl100k_base`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "o200k_base" => Some(Self::O200kBase),
+            "cl100k_base" => Some(Self::Cl100kBase),
+            _ => None,
+        }
+    }
+
+    /// The encoding's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::O200kBase => "o200k_base",
+            Self::Cl100kBase => "cl100k_base",
+        }
+    }
+
+    /// The shared tokenizer, loaded once per process.
+    pub fn bpe(self) -> &'static CoreBPE {
+        match self {
+            Self::O200kBase => tiktoken_rs::o200k_base_singleton(),
+            Self::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+        }
+    }
+
+    /// Tokens in `text` (special-token strings count as ordinary text), with the work
+    /// per byte bounded (see the module docs).
+    pub fn count(self, text: &str) -> usize {
+        let bpe = self.bpe();
+        let mut total = 0;
+        for_each_chunk(text, |chunk| total += bpe.encode_ordinary(chunk).len());
+        total
+    }
+}
+
+/// True where the tokenizer's pre-split always starts a new piece at byte `i`.
+fn is_safe_split(bytes: &[u8], i: usize) -> bool {
+    let next_is_letter = |j: usize| bytes.get(j).is_some_and(u8::is_ascii_alphabetic);
+    match bytes.get(i) {
+        Some(b' ') => next_is_letter(i + 1),
+        Some(b) if b.is_ascii_alphabetic() => i > 0 && bytes[i - 1] == b'\n',
+        _ => false,
+    }
+}
+
+/// Calls `f` on consecutive chunks of `text` that together make up all of it.
+pub fn for_each_chunk(text: &str, mut f: impl FnMut(&str)) {
+    let bytes = text.as_bytes();
+    if bytes.len() <= MAX_RUN {
+        if !text.is_empty() {
+            f(text);
+        }
+        return;
+    }
+    let mut start = 0;
+    let mut run_start = 0;
+    for i in 1..bytes.len() {
+        if is_safe_split(bytes, i) {
+            run_start = i;
+            if i - start >= MAX_CHUNK {
+                f(&text[start..i]);
+                start = i;
+            }
+        } else if i - run_start >= MAX_RUN && text.is_char_boundary(i) {
+            f(&text[start..i]);
+            start = i;
+            run_start = i;
+        }
+    }
+    if start < bytes.len() {
+        f(&text[start..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exact(enc: Encoding, text: &str) -> usize {
+        enc.bpe().encode_ordinary(text).len()
+    }
+
+    #[test]
+    fn chunked_count_equals_exact_on_ordinary_text() {
+        let mut text = String::new();
+        for i in 0..4000 {
+            text.push_str(&format!(
+                "Line {i}: the quick brown Fox's (jumps) over {i}x lazy dogs.\n    fn call_{i}() -> Result<(), Error> {{ let  spaced   =  \"value\"; }}\n"
+            ));
+        }
+        for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            assert_eq!(enc.count(&text), exact(enc, &text), "{}", enc.name());
+        }
+    }
+
+    #[test]
+    fn chunks_cover_text_and_bound_runs() {
+        let text = format!("start {} middle {} end", "a".repeat(10_000), "é".repeat(3000));
+        let mut joined = String::new();
+        let mut longest = 0;
+        for_each_chunk(&text, |c| {
+            joined.push_str(c);
+            longest = longest.max(c.len());
+        });
+        assert_eq!(joined, text);
+        assert!(longest <= 2 * MAX_RUN, "{longest}");
+    }
+
+    #[test]
+    fn adversarial_runs_count_close_to_exact() {
+        let text = "a".repeat(20_000);
+        let exact = exact(Encoding::O200kBase, &text);
+        let bounded = Encoding::O200kBase.count(&text);
+        let diff = exact.abs_diff(bounded);
+        assert!(diff <= text.len() / MAX_RUN + 1, "exact {exact} bounded {bounded}");
+    }
+}

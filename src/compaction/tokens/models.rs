@@ -1,0 +1,120 @@
+//! The model table: model name patterns → encoding and context window.
+
+use super::encoding::Encoding;
+use crate::config::CompactionConfig;
+
+/// What the engine assumes about a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// Tokenizer encoding.
+    pub encoding: Encoding,
+    /// Context window in tokens (prompt and reply together).
+    pub context_window: usize,
+}
+
+/// Built-in entries, first match wins; `*` matches any run of characters.
+const BUILTIN: &[(&str, Encoding, usize)] = &[
+    ("gpt-5*", Encoding::O200kBase, 400_000),
+    ("gpt-4.1*", Encoding::O200kBase, 1_047_576),
+    ("gpt-4o*", Encoding::O200kBase, 128_000),
+    ("chatgpt-4o*", Encoding::O200kBase, 128_000),
+    ("gpt-4.5*", Encoding::O200kBase, 128_000),
+    ("o1-mini*", Encoding::O200kBase, 128_000),
+    ("o1-preview*", Encoding::O200kBase, 128_000),
+    ("o1*", Encoding::O200kBase, 200_000),
+    ("o3*", Encoding::O200kBase, 200_000),
+    ("o4*", Encoding::O200kBase, 200_000),
+    ("gpt-oss*", Encoding::O200kBase, 131_072),
+    ("gpt-4-turbo*", Encoding::Cl100kBase, 128_000),
+    ("gpt-4-1106*", Encoding::Cl100kBase, 128_000),
+    ("gpt-4-0125*", Encoding::Cl100kBase, 128_000),
+    ("gpt-4-32k*", Encoding::Cl100kBase, 32_768),
+    ("gpt-4*", Encoding::Cl100kBase, 8_192),
+    ("gpt-3.5-turbo*", Encoding::Cl100kBase, 16_385),
+];
+
+/// Looks a model up: configured entries first, then the built-in table, then the
+/// configured defaults. A provider prefix (`openai/gpt-4o`) is ignored.
+pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
+    let lower = model.to_ascii_lowercase();
+    let bare = lower.rsplit('/').next().unwrap_or(&lower);
+    let matches = |pattern: &str| {
+        let p = pattern.to_ascii_lowercase();
+        glob(&p, &lower) || glob(&p, bare)
+    };
+    for entry in &cfg.models {
+        if matches(&entry.pattern) {
+            if let Some(encoding) = Encoding::parse(&entry.encoding) {
+                return ModelSpec { encoding, context_window: entry.context_window };
+            }
+        }
+    }
+    for (pattern, encoding, window) in BUILTIN {
+        if matches(pattern) {
+            return ModelSpec { encoding: *encoding, context_window: *window };
+        }
+    }
+    ModelSpec {
+        encoding: Encoding::parse(&cfg.default_encoding).unwrap_or(Encoding::O200kBase),
+        context_window: cfg.default_context_window,
+    }
+}
+
+/// Glob match where `*` matches any run of characters.
+fn glob(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelEntry;
+
+    #[test]
+    fn families_map_to_encodings() {
+        let cfg = CompactionConfig::default();
+        for m in
+            ["gpt-4o", "gpt-4o-mini-2024-07-18", "gpt-4.1", "gpt-5", "o1", "o3-mini", "o4-mini"]
+        {
+            assert_eq!(resolve(m, &cfg).encoding, Encoding::O200kBase, "{m}");
+        }
+        for m in ["gpt-4", "gpt-4-0613", "gpt-3.5-turbo", "gpt-4-turbo-preview"] {
+            assert_eq!(resolve(m, &cfg).encoding, Encoding::Cl100kBase, "{m}");
+        }
+        assert_eq!(resolve("gpt-4", &cfg).context_window, 8_192);
+        assert_eq!(resolve("openai/gpt-4o", &cfg).context_window, 128_000);
+        assert_eq!(resolve("llama-3", &cfg).context_window, cfg.default_context_window);
+    }
+
+    #[test]
+    fn configured_entries_come_first() {
+        let mut cfg = CompactionConfig::default();
+        cfg.models.push(ModelEntry {
+            pattern: "gpt-4o*".into(),
+            encoding: "cl100k_base".into(),
+            context_window: 1000,
+        });
+        let spec = resolve("gpt-4o", &cfg);
+        assert_eq!(spec, ModelSpec { encoding: Encoding::Cl100kBase, context_window: 1000 });
+    }
+
+    #[test]
+    fn glob_matches() {
+        assert!(glob("a*c", "abbc"));
+        assert!(glob("a*", "a"));
+        assert!(!glob("a*c", "abcd"));
+        assert!(glob("exact", "exact"));
+        assert!(!glob("exact", "exactly"));
+    }
+}

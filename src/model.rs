@@ -1,0 +1,391 @@
+//! Chat-completions request and message types (serde only, no I/O).
+//!
+//! A request is kept as its ordered top-level fields, each as the raw JSON text the client
+//! sent; only `messages` is parsed into values. Every message keeps its raw text too, so a
+//! message foldgate does not change is written back byte for byte, and every field
+//! foldgate does not use survives unchanged and in order at every level.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Errors of parsing or writing a chat request.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The body is not a JSON object.
+    #[error("request is not a JSON object: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// `messages` is missing or not an array of objects.
+    #[error("request has no `messages` array of objects")]
+    NoMessages,
+    /// A value could not be serialized.
+    #[error("cannot serialize: {0}")]
+    Serialize(#[source] serde_json::Error),
+}
+
+/// The role of a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// `system`: pinned.
+    System,
+    /// `developer`: pinned.
+    Developer,
+    /// `user`.
+    User,
+    /// `assistant`.
+    Assistant,
+    /// `tool`: answers a `tool_calls` entry.
+    Tool,
+    /// `function`: legacy answer to a `function_call`.
+    Function,
+    /// Any other role string.
+    Other,
+}
+
+impl Role {
+    /// Parses a role string.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "system" => Self::System,
+            "developer" => Self::Developer,
+            "user" => Self::User,
+            "assistant" => Self::Assistant,
+            "tool" => Self::Tool,
+            "function" => Self::Function,
+            _ => Self::Other,
+        }
+    }
+
+    /// System and developer messages are pinned: kept verbatim in place.
+    pub fn is_pinned(self) -> bool {
+        matches!(self, Self::System | Self::Developer)
+    }
+
+    /// Tool and function messages answer calls.
+    pub fn is_tool_result(self) -> bool {
+        matches!(self, Self::Tool | Self::Function)
+    }
+}
+
+/// The marker that starts every digest message foldgate writes.
+pub const DIGEST_MARKER: &str = "[COMPACTED CONTEXT]";
+
+/// One chat message: its parsed value, the exact JSON text it came from, and a hash of
+/// that text (the key of the token cache and of fold block ranges).
+#[derive(Debug, Clone)]
+pub struct Message {
+    value: Value,
+    raw: Box<RawValue>,
+    hash: u64,
+}
+
+impl Message {
+    /// Parses one message from its JSON text.
+    pub fn from_raw(raw: Box<RawValue>) -> Result<Self, ModelError> {
+        let value: Value = serde_json::from_str(raw.get()).map_err(ModelError::NotJson)?;
+        if !value.is_object() {
+            return Err(ModelError::NoMessages);
+        }
+        let hash = xxh3_64(raw.get().as_bytes());
+        Ok(Self { value, raw, hash })
+    }
+
+    /// Wraps a value (serializing it once for its raw text and hash).
+    pub fn from_value(value: Value) -> Result<Self, ModelError> {
+        let text = serde_json::to_string(&value).map_err(ModelError::Serialize)?;
+        let raw = RawValue::from_string(text).map_err(ModelError::Serialize)?;
+        let hash = xxh3_64(raw.get().as_bytes());
+        Ok(Self { value, raw, hash })
+    }
+
+    /// The parsed message.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The JSON text of the message as received (or as serialized, if built here).
+    pub fn raw(&self) -> &str {
+        self.raw.get()
+    }
+
+    /// xxh3 of the raw text.
+    pub fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    /// The object's fields (empty if, impossibly, not an object).
+    pub fn fields(&self) -> Option<&Map<String, Value>> {
+        self.value.as_object()
+    }
+
+    /// The role.
+    pub fn role(&self) -> Role {
+        Role::parse(self.value.get("role").and_then(Value::as_str).unwrap_or(""))
+    }
+
+    /// The `name` field, if any.
+    pub fn name(&self) -> Option<&str> {
+        self.value.get("name").and_then(Value::as_str)
+    }
+
+    /// The `content` field (string, array of parts, or null/absent).
+    pub fn content(&self) -> Option<&Value> {
+        self.value.get("content")
+    }
+
+    /// All text of the content: the string, or the `text` of every text part joined by
+    /// newlines.
+    pub fn text(&self) -> String {
+        content_text(self.content())
+    }
+
+    /// The `tool_calls` entries (empty when absent).
+    pub fn tool_calls(&self) -> &[Value] {
+        self.value.get("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The legacy `function_call`, if any.
+    pub fn function_call(&self) -> Option<&Value> {
+        self.value.get("function_call").filter(|v| v.is_object())
+    }
+
+    /// True for an assistant message that calls tools or a function.
+    pub fn makes_calls(&self) -> bool {
+        self.role() == Role::Assistant
+            && (!self.tool_calls().is_empty() || self.function_call().is_some())
+    }
+
+    /// `tool_call_id` of a tool message.
+    pub fn tool_call_id(&self) -> Option<&str> {
+        self.value.get("tool_call_id").and_then(Value::as_str)
+    }
+
+    /// True for a digest written by foldgate (content starts with [`DIGEST_MARKER`]).
+    pub fn is_digest(&self) -> bool {
+        self.text().trim_start().starts_with(DIGEST_MARKER)
+    }
+}
+
+/// The text of a `content` value: a string, or the text parts of an array joined by
+/// newlines.
+pub fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut out = String::new();
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(t);
+                }
+            }
+            out
+        }
+        _ => String::new(),
+    }
+}
+
+/// `(id, name, arguments)` of one `tool_calls` entry (or of a `function_call`).
+pub fn call_parts(call: &Value) -> (&str, &str, &str) {
+    let f = call.get("function").unwrap_or(call);
+    fn s(v: Option<&Value>) -> &str {
+        v.and_then(Value::as_str).unwrap_or("")
+    }
+    (s(call.get("id")), s(f.get("name")), s(f.get("arguments")))
+}
+
+/// A chat-completions request: ordered top-level fields (raw JSON text) with the
+/// `messages` parsed.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// Top-level fields in order; the value of `messages` is not used (see `messages`).
+    fields: Vec<(String, Box<RawValue>)>,
+    messages: Vec<Arc<Message>>,
+}
+
+impl ChatRequest {
+    /// Parses a request body.
+    pub fn parse(body: &[u8]) -> Result<Self, ModelError> {
+        let top: TopLevel = serde_json::from_slice(body).map_err(ModelError::NotJson)?;
+        Self::from_fields(top.0)
+    }
+
+    fn from_fields(fields: Vec<(String, Box<RawValue>)>) -> Result<Self, ModelError> {
+        let raw = fields.iter().find(|(k, _)| k == "messages").ok_or(ModelError::NoMessages)?;
+        let list: Vec<Box<RawValue>> =
+            serde_json::from_str(raw.1.get()).map_err(|_| ModelError::NoMessages)?;
+        let messages = list
+            .into_iter()
+            .map(|m| Message::from_raw(m).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { fields, messages })
+    }
+
+    /// Builds a request from top-level fields (every field but `messages`) and messages.
+    pub fn from_parts(
+        fields: &Map<String, Value>,
+        messages: Vec<Arc<Message>>,
+    ) -> Result<Self, ModelError> {
+        let mut out = Vec::with_capacity(fields.len() + 1);
+        let mut has_messages = false;
+        for (k, v) in fields {
+            let text = serde_json::to_string(v).map_err(ModelError::Serialize)?;
+            out.push((k.clone(), RawValue::from_string(text).map_err(ModelError::Serialize)?));
+            has_messages |= k == "messages";
+        }
+        if !has_messages {
+            let empty = RawValue::from_string("[]".to_owned()).map_err(ModelError::Serialize)?;
+            out.push(("messages".to_owned(), empty));
+        }
+        Ok(Self { fields: out, messages })
+    }
+
+    /// The messages.
+    pub fn messages(&self) -> &[Arc<Message>] {
+        &self.messages
+    }
+
+    /// The raw JSON text of a top-level field.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.get())
+    }
+
+    /// The `model` field.
+    pub fn model(&self) -> Option<String> {
+        self.field("model").and_then(|raw| serde_json::from_str::<String>(raw).ok())
+    }
+
+    /// The `tools` field parsed, if present and not null.
+    pub fn tools(&self) -> Option<Value> {
+        self.field("tools")
+            .and_then(|raw| serde_json::from_str::<Value>(raw).ok())
+            .filter(|v| !v.is_null())
+    }
+
+    /// The raw text of `tools` (for hashing), if present.
+    pub fn tools_raw(&self) -> Option<&str> {
+        self.field("tools").filter(|raw| raw.trim() != "null")
+    }
+
+    /// The reply reserve the request asks for: `max_completion_tokens`, else `max_tokens`.
+    pub fn max_reply_tokens(&self) -> Option<usize> {
+        ["max_completion_tokens", "max_tokens"].iter().find_map(|k| {
+            self.field(k)
+                .and_then(|raw| serde_json::from_str::<u64>(raw).ok())
+                .and_then(|n| usize::try_from(n).ok())
+        })
+    }
+
+    /// The same request with other messages (every other field unchanged, in order).
+    pub fn with_messages(&self, messages: Vec<Arc<Message>>) -> Self {
+        Self { fields: self.fields.clone(), messages }
+    }
+
+    /// Serializes the request: every top-level field as received, in order; every message
+    /// as its raw text.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let size: usize =
+            self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>()
+                + self.messages.iter().map(|m| m.raw().len() + 1).sum::<usize>();
+        let mut out = Vec::with_capacity(size + 2);
+        out.push(b'{');
+        for (i, (k, v)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_json_string(&mut out, k);
+            out.push(b':');
+            if k == "messages" {
+                out.push(b'[');
+                for (j, m) in self.messages.iter().enumerate() {
+                    if j > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(m.raw().as_bytes());
+                }
+                out.push(b']');
+            } else {
+                out.extend_from_slice(v.get().as_bytes());
+            }
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+fn write_json_string(out: &mut Vec<u8>, s: &str) {
+    // A `String` always serializes.
+    match serde_json::to_vec(s) {
+        Ok(bytes) => out.extend_from_slice(&bytes),
+        Err(_) => out.extend_from_slice(b"\"\""),
+    }
+}
+
+/// A JSON object read as ordered `(key, raw value)` pairs.
+struct TopLevel(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for TopLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TopLevel;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevel, A::Error> {
+                let mut out: Vec<(String, Box<RawValue>)> = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Box<RawValue>>()? {
+                    if let Some(slot) = out.iter_mut().find(|(key, _)| *key == k) {
+                        // Duplicate key: the last one wins, as with serde_json's Map.
+                        slot.1 = v;
+                    } else {
+                        out.push((k, v));
+                    }
+                }
+                Ok(TopLevel(out))
+            }
+        }
+        d.deserialize_map(V).map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_is_byte_exact() {
+        let body = br#"{"model":"gpt-4o","x_unknown":{"b":1,"a":[1.0,2]},"messages":[{"role":"user","zz":1,"content":[{"type":"text","text":"hi","extra":true}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"},"vendor":7}]}],"stream":true}"#;
+        let r = ChatRequest::parse(body).unwrap();
+        assert_eq!(r.to_vec(), body.to_vec());
+        assert_eq!(r.model().as_deref(), Some("gpt-4o"));
+        assert_eq!(r.messages().len(), 2);
+        assert_eq!(r.messages()[0].text(), "hi");
+        assert!(r.messages()[1].makes_calls());
+    }
+
+    #[test]
+    fn replaced_messages_keep_other_fields_in_order() {
+        let body = br#"{"a":1,"messages":[{"role":"user","content":"x"}],"max_tokens":50}"#;
+        let r = ChatRequest::parse(body).unwrap();
+        assert_eq!(r.max_reply_tokens(), Some(50));
+        let m = Message::from_value(serde_json::json!({"role":"user","content":"y"})).unwrap();
+        let out = r.with_messages(vec![Arc::new(m)]).to_vec();
+        assert_eq!(out, br#"{"a":1,"messages":[{"role":"user","content":"y"}],"max_tokens":50}"#);
+    }
+
+    #[test]
+    fn rejects_non_chat_bodies() {
+        assert!(ChatRequest::parse(b"[1]").is_err());
+        assert!(ChatRequest::parse(br#"{"model":"x"}"#).is_err());
+        assert!(ChatRequest::parse(br#"{"messages":[1]}"#).is_err());
+    }
+}

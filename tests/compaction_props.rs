@@ -1,0 +1,317 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+//! Property tests of the engine's guarantees over generated conversations: tool calls
+//! with reused ids, legacy function calls, long live turns, text-mode observations,
+//! images, huge tool outputs, huge user pastes, string and part-array content.
+
+use std::sync::Arc;
+
+use foldgate::compaction::check::verify;
+use foldgate::compaction::{Engine, Options, Outcome, SessionState};
+use foldgate::config::CompactionConfig;
+use foldgate::model::{ChatRequest, Message};
+use foldgate::summarizer::ExtractiveSummarizer;
+use proptest::prelude::*;
+use proptest::sample::Index;
+use serde_json::{Value, json};
+
+const VOCAB: &[&str] = &[
+    "the",
+    "parser",
+    "fails",
+    "on",
+    "src/app/main.py",
+    "ValueError:",
+    "retry",
+    "user_id_42",
+    "because",
+    "never",
+    "deploy",
+    "eu-west-3",
+    "test_roundtrip",
+    "ok",
+    "with",
+    "flight",
+    "HAT170",
+    "$ pytest -x",
+    "I",
+    "prefer",
+    "morning",
+    "flights",
+    "value",
+    "=",
+    "42;",
+    "{",
+    "}",
+];
+
+fn text(seed: usize, words: usize) -> String {
+    let mut s = format!("m{seed}:");
+    for i in 0..words {
+        s.push(' ');
+        s.push_str(VOCAB[(seed * 7 + i * 13 + i / 5) % VOCAB.len()]);
+        if i % 17 == 16 {
+            s.push('\n');
+        }
+    }
+    s
+}
+
+#[derive(Debug, Clone)]
+enum UserSpec {
+    Plain(usize),
+    Parts(usize, bool),
+    Paste(usize),
+}
+
+#[derive(Debug, Clone)]
+struct Round {
+    calls: usize,
+    results: Vec<usize>,
+    legacy: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Turn {
+    developer: bool,
+    user: UserSpec,
+    rounds: Vec<Round>,
+    text_mode: bool,
+    reply: Option<usize>,
+}
+
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![8 => 1usize..50, 1 => 300usize..1500]
+}
+
+fn user_spec() -> impl Strategy<Value = UserSpec> {
+    prop_oneof![
+        5 => (1usize..60).prop_map(UserSpec::Plain),
+        2 => ((1usize..60), any::<bool>()).prop_map(|(n, img)| UserSpec::Parts(n, img)),
+        1 => (400usize..1500).prop_map(UserSpec::Paste),
+    ]
+}
+
+fn round() -> impl Strategy<Value = Round> {
+    (1usize..4, prop::collection::vec(size(), 3), prop::bool::weighted(0.1))
+        .prop_map(|(calls, results, legacy)| Round { calls, results, legacy })
+}
+
+fn turn() -> impl Strategy<Value = Turn> {
+    (
+        prop::bool::weighted(0.1),
+        user_spec(),
+        prop_oneof![3 => prop::collection::vec(round(), 0..3), 1 => prop::collection::vec(round(), 5..10)],
+        prop::bool::weighted(0.2),
+        prop::option::of(1usize..40),
+    )
+        .prop_map(|(developer, user, rounds, text_mode, reply)| Turn { developer, user, rounds, text_mode, reply })
+}
+
+fn build(system: bool, turns: &[Turn]) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut seed = 0;
+    let mut next = || {
+        seed += 1;
+        seed
+    };
+    if system {
+        out.push(
+            json!({"role": "system", "content": "You are a careful agent. Never delete data."}),
+        );
+    }
+    for t in turns {
+        if t.developer {
+            out.push(json!({"role": "developer", "content": text(next(), 8)}));
+        }
+        let user = match &t.user {
+            UserSpec::Plain(n) => json!({"role": "user", "content": text(next(), *n)}),
+            UserSpec::Paste(n) => {
+                json!({"role": "user", "content": text(next(), *n), "x_client": 1})
+            }
+            UserSpec::Parts(n, img) => {
+                let mut parts = vec![
+                    json!({"type": "text", "text": text(next(), *n), "cache_control": {"type": "ephemeral"}}),
+                ];
+                if *img {
+                    parts.push(json!({"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "low"}}));
+                }
+                json!({"role": "user", "content": parts})
+            }
+        };
+        out.push(user);
+        for (r, round) in t.rounds.iter().enumerate() {
+            if round.legacy {
+                out.push(json!({"role": "assistant", "content": null,
+                    "function_call": {"name": "lookup", "arguments": format!("{{\"q\":\"{}\"}}", next())}}));
+                out.push(json!({"role": "function", "name": "lookup", "content": text(next(), round.results[0])}));
+                continue;
+            }
+            // Ids repeat across rounds and turns, as real agents do.
+            let ids: Vec<String> =
+                (0..round.calls).map(|j| format!("call_{}_{j}", r % 2)).collect();
+            let calls: Vec<Value> = ids
+                .iter()
+                .map(|id| json!({"id": id, "type": "function", "function": {"name": "run", "arguments": format!("{{\"command\":\"ls {}\"}}", next())}, "x_vendor": true}))
+                .collect();
+            out.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+            for (j, id) in ids.iter().enumerate() {
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": text(next(), round.results[j % 3])}));
+            }
+        }
+        if t.text_mode {
+            out.push(json!({"role": "assistant", "content": format!("Checking.\n```bash\ncat f{}.py\n```", next())}));
+            out.push(json!({"role": "user", "content": text(next(), 30)}));
+        }
+        if let Some(n) = t.reply {
+            out.push(json!({"role": "assistant", "content": text(next(), n)}));
+        }
+    }
+    out
+}
+
+fn cfg() -> CompactionConfig {
+    CompactionConfig {
+        user_verbatim_max_tokens: 120,
+        elide_min_tokens: 150,
+        digest_max_tokens: 250,
+        artifact_max_tokens: 60,
+        default_reserve_tokens: 400,
+        keep_last_tool_groups: 2,
+        ..CompactionConfig::default()
+    }
+}
+
+fn request(msgs: &[Value], upto: usize) -> ChatRequest {
+    let fields = json!({"model": "gpt-4o", "temperature": 0.2, "stream": true});
+    let messages =
+        msgs[..upto].iter().map(|m| Arc::new(Message::from_value(m.clone()).unwrap())).collect();
+    ChatRequest::from_parts(fields.as_object().unwrap(), messages).unwrap()
+}
+
+/// Cut points: every assistant message (the history before a reply), else the end.
+fn cuts(msgs: &[Value]) -> Vec<usize> {
+    let mut c: Vec<usize> = (1..msgs.len()).filter(|&i| msgs[i]["role"] == "assistant").collect();
+    c.push(msgs.len());
+    c
+}
+
+fn run(engine: &Engine, req: &ChatRequest, state: &mut SessionState, opts: &Options) -> Outcome {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(engine.compact_request(req, state, &ExtractiveSummarizer, opts)).unwrap()
+}
+
+fn forwarded(out: &Outcome, original: &ChatRequest) -> ChatRequest {
+    match out {
+        Outcome::Unchanged { .. } => original.clone(),
+        Outcome::Compacted { request, body, .. } => {
+            assert_eq!(&request.to_vec(), body);
+            ChatRequest::parse(body).unwrap()
+        }
+    }
+}
+
+fn conversation() -> impl Strategy<Value = (bool, Vec<Turn>)> {
+    (prop::bool::weighted(0.8), prop::collection::vec(turn(), 1..8))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Guarantees (1)-(4) and (5) on every request of a replayed conversation, with
+    /// blocks carried from request to request.
+    #[test]
+    fn guarantees_hold_across_a_session((system, turns) in conversation(), window in 1500usize..12000) {
+        let msgs = build(system, &turns);
+        let engine = Engine::new(cfg());
+        let opts = Options { window_cap: Some(window), ..Options::default() };
+        let mut state = SessionState::default();
+        for upto in cuts(&msgs) {
+            let req = request(&msgs, upto);
+            let had_blocks = !state.blocks.is_empty();
+            let out = run(&engine, &req, &mut state, &opts);
+            let report = out.report().clone();
+            let fwd = forwarded(&out, &req);
+            let violations = verify(&req, &fwd, engine.config(), &report.budget, &mut state.token_cache);
+            prop_assert!(violations.is_empty(), "request {upto}: {violations:?}\n{report:?}");
+            // (5) below the trigger, without stored blocks, nothing changes.
+            let exact = engine.count_prompt(&req, &report.budget, &mut state.token_cache);
+            if exact <= report.budget.trigger && !had_blocks {
+                prop_assert!(matches!(out, Outcome::Unchanged { .. }), "request {upto} changed below the trigger");
+            }
+            if let Outcome::Compacted { body, .. } = &out {
+                // Unknown fields survive: request level, message level, parts, calls.
+                let v: Value = serde_json::from_slice(body).unwrap();
+                prop_assert_eq!(&v["temperature"], &json!(0.2));
+                let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+                prop_assert_eq!(keys, vec!["model", "temperature", "stream", "messages"]);
+            }
+        }
+    }
+
+    /// (6) Same input and same blocks give the same output, byte for byte.
+    #[test]
+    fn deterministic((system, turns) in conversation(), window in 1500usize..8000, at in any::<Index>()) {
+        let msgs = build(system, &turns);
+        let c = cuts(&msgs);
+        let upto = c[at.index(c.len())];
+        let engine = Engine::new(cfg());
+        let opts = Options { window_cap: Some(window), ..Options::default() };
+        let mut warm = SessionState::default();
+        let first = c[0];
+        run(&engine, &request(&msgs, first), &mut warm, &opts);
+        let req = request(&msgs, upto);
+        let mut a = warm.clone();
+        let mut b = warm.clone();
+        b.token_cache = Default::default();
+        let body = |o: &Outcome| match o {
+            Outcome::Unchanged { .. } => None,
+            Outcome::Compacted { body, .. } => Some(body.clone()),
+        };
+        let oa = run(&engine, &req, &mut a, &opts);
+        let ob = run(&engine, &req, &mut b, &opts);
+        prop_assert_eq!(body(&oa), body(&ob));
+        prop_assert_eq!(a.blocks, b.blocks);
+    }
+
+    /// (7) A later request reuses the stored blocks: its forwarded prefix is the earlier
+    /// request's forwarded prefix, byte for byte.
+    #[test]
+    fn stored_blocks_reproduce_the_prefix((system, turns) in conversation(), window in 1500usize..8000) {
+        let msgs = build(system, &turns);
+        let engine = Engine::new(cfg());
+        let opts = Options { window_cap: Some(window), ..Options::default() };
+        let mut state = SessionState::default();
+        let mut previous: Option<(Vec<String>, usize, u8)> = None;
+        for upto in cuts(&msgs) {
+            let req = request(&msgs, upto);
+            let out = run(&engine, &req, &mut state, &opts);
+            let tier = out.report().tier;
+            let fwd: Vec<String> = forwarded(&out, &req).messages().iter().map(|m| m.raw().to_owned()).collect();
+            if let Some((prev, prefix_len, prev_tier)) = &previous {
+                if *prev_tier != 4 && tier != 4 && out.report().blocks_invalidated == 0 {
+                    prop_assert!(fwd.len() >= *prefix_len);
+                    prop_assert_eq!(&fwd[..*prefix_len], &prev[..*prefix_len]);
+                }
+            }
+            let prefix_len: usize = state.blocks.iter().map(|b| b.messages.len()).sum();
+            previous = Some((fwd, prefix_len, tier));
+        }
+    }
+}
+
+#[test]
+fn below_trigger_returns_unchanged() {
+    let msgs = build(
+        true,
+        &[Turn {
+            developer: false,
+            user: UserSpec::Plain(5),
+            rounds: vec![],
+            text_mode: false,
+            reply: None,
+        }],
+    );
+    let req = request(&msgs, msgs.len());
+    let out = run(&Engine::new(cfg()), &req, &mut SessionState::default(), &Options::default());
+    assert!(matches!(out, Outcome::Unchanged { .. }));
+}
