@@ -177,7 +177,8 @@ async fn upstream_that_never_completes_the_connection_is_504() {
     let mut fillers = Vec::new();
     for _ in 0..8 {
         if let Ok(Ok(s)) =
-            tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await
+            tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr))
+                .await
         {
             fillers.push(s);
         } else {

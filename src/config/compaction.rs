@@ -36,6 +36,21 @@ pub struct CompactionConfig {
     pub artifact_max_tokens: usize,
     /// Extra model table entries, matched before the built-in table.
     pub models: Vec<ModelEntry>,
+    /// `enforce` forwards compacted requests; `observe` computes everything
+    /// (plan, digests, metrics, headers) but forwards the original request.
+    pub mode: CompactionMode,
+    /// Past this share of the budget the next fold is summarized in the background.
+    pub prefetch_ratio: f64,
+}
+
+/// What foldgate does with a compaction it computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompactionMode {
+    /// Forward the compacted request.
+    Enforce,
+    /// Forward the original request (shadow mode); report what would have been done.
+    Observe,
 }
 
 impl Default for CompactionConfig {
@@ -56,6 +71,8 @@ impl Default for CompactionConfig {
             digest_max_tokens: 1200,
             artifact_max_tokens: 300,
             models: Vec::new(),
+            mode: CompactionMode::Enforce,
+            prefetch_ratio: 0.6,
         }
     }
 }
@@ -92,6 +109,12 @@ impl CompactionConfig {
             return Err((
                 "compaction.target_ratio",
                 format!("{} is above trigger_ratio {}", self.target_ratio, self.trigger_ratio),
+            ));
+        }
+        if !in_unit(self.prefetch_ratio) || self.prefetch_ratio > self.trigger_ratio {
+            return Err((
+                "compaction.prefetch_ratio",
+                format!("{} must be in 0..1 and at most trigger_ratio", self.prefetch_ratio),
             ));
         }
         if !in_unit(self.floor_max_ratio) {

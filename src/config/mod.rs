@@ -10,6 +10,7 @@ mod bytesize;
 mod compaction;
 mod env;
 mod secret;
+mod session;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,8 +19,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use bytesize::ByteSize;
-pub use compaction::{CompactionConfig, ModelEntry};
+pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
 pub use secret::Secret;
+pub use session::{SessionConfig, SummarizerConfig, SummarizerKind};
 
 /// The shipped configuration file, every option with its default.
 pub const DEFAULT_CONFIG_TOML: &str = include_str!("../../config/foldgate.toml");
@@ -36,6 +38,10 @@ pub struct Config {
     pub log: LogConfig,
     /// The compaction engine.
     pub compaction: CompactionConfig,
+    /// Conversation state.
+    pub session: SessionConfig,
+    /// Digest writing.
+    pub summarizer: SummarizerConfig,
 }
 
 /// `[server]`: the listener.
@@ -242,6 +248,8 @@ impl Config {
         if let Err(e) = tracing_filter_is_valid(&self.log.level) {
             return Err(("log.level", e));
         }
+        self.session.validate()?;
+        self.summarizer.validate()?;
         self.compaction.validate()
     }
 

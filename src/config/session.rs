@@ -1,0 +1,118 @@
+//! `[session]` and `[summarizer]`: where conversation state lives and who writes digests.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Secret;
+
+/// `[session]`: how requests are grouped into conversations and how long state is kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionConfig {
+    /// Request header naming the conversation; without it a fingerprint is used.
+    pub header: String,
+    /// State of a conversation not seen for this long is dropped.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// At most this many conversations are kept; the least recently used go first.
+    pub max_sessions: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            header: "x-session-id".to_owned(),
+            ttl: Duration::from_secs(3600),
+            max_sessions: 10_000,
+        }
+    }
+}
+
+/// Which summarizer writes digests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SummarizerKind {
+    /// A chat completion to a model (falls back to extractive while it fails).
+    Llm,
+    /// Deterministic digests built without a model.
+    Extractive,
+}
+
+/// `[summarizer]`: the model call that writes digests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SummarizerConfig {
+    /// `llm` or `extractive`.
+    pub kind: SummarizerKind,
+    /// OpenAI base URL for summarization calls; empty: `upstream.url`.
+    pub url: String,
+    /// Model for summarization calls; empty: the model of the request being compacted.
+    pub model: String,
+    /// API key for summarization calls; empty: the client's own credential.
+    pub api_key: Secret,
+    /// Time allowed for one summarization call.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// At most this many summarization calls run at once (others wait).
+    pub max_concurrency: usize,
+    /// After this many consecutive failures the model path is skipped for `cooldown`.
+    pub failure_threshold: u32,
+    /// How long the model path is skipped once `failure_threshold` is reached.
+    #[serde(with = "humantime_serde")]
+    pub cooldown: Duration,
+    /// The text sent to the model is cut to about this many tokens.
+    pub max_input_tokens: usize,
+}
+
+impl Default for SummarizerConfig {
+    fn default() -> Self {
+        Self {
+            kind: SummarizerKind::Llm,
+            url: String::new(),
+            model: String::new(),
+            api_key: Secret::default(),
+            timeout: Duration::from_secs(30),
+            max_concurrency: 4,
+            failure_threshold: 3,
+            cooldown: Duration::from_secs(30),
+            max_input_tokens: 24_000,
+        }
+    }
+}
+
+impl SessionConfig {
+    pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
+        if http_header_name_is_valid(&self.header) {
+            Ok(())
+        } else {
+            Err(("session.header", format!("`{}` is not a valid header name", self.header)))
+        }
+    }
+}
+
+impl SummarizerConfig {
+    pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !self.url.is_empty() {
+            super::validate_upstream_url(&self.url).map_err(|m| ("summarizer.url", m))?;
+        }
+        if self.max_concurrency == 0 {
+            return Err(("summarizer.max_concurrency", "must be greater than 0".to_owned()));
+        }
+        if self.timeout.is_zero() {
+            return Err(("summarizer.timeout", "must be greater than 0".to_owned()));
+        }
+        if self.failure_threshold == 0 {
+            return Err(("summarizer.failure_threshold", "must be greater than 0".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+/// RFC 9110 token characters, lower case (header names are matched lower-cased).
+fn http_header_name_is_valid(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
