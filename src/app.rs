@@ -1,9 +1,51 @@
-//! Composition root: builds the runtime, telemetry and server from the configuration.
+//! Composition root: picks the session store and summarizer, builds the engine and the
+//! server from the configuration, and runs it.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use crate::config::Config;
+use http::HeaderName;
+
+use crate::compaction::{Engine, SessionState};
+use crate::compactor::Compactor;
+use crate::config::{Config, SummarizerKind};
 use crate::http::Server;
+use crate::http::chat::{ChatState, Summarizers};
+use crate::http::server::ServerError;
+use crate::session::{MemoryStore, SessionStore};
+
+/// Why the proxy could not be assembled.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The server could not start.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// `session.header` is not a header name.
+    #[error("session.header: {0}")]
+    SessionHeader(String),
+}
+
+/// Builds the chat pipeline (engine, store, summarizer) and binds the server.
+pub async fn build_server(config: &Config) -> Result<Server, AppError> {
+    let store: Arc<dyn SessionStore<SessionState>> =
+        Arc::new(MemoryStore::new(config.session.ttl, config.session.max_sessions));
+    let summarizers = match config.summarizer.kind {
+        SummarizerKind::Extractive | SummarizerKind::Llm => Summarizers::Extractive,
+    };
+    let session_header = HeaderName::from_bytes(config.session.header.as_bytes())
+        .map_err(|e| AppError::SessionHeader(e.to_string()))?;
+    let chat = ChatState {
+        compactor: Compactor::new(
+            Engine::new(config.compaction.clone()),
+            store,
+            config.compaction.mode,
+        ),
+        summarizers,
+        session_header,
+        enabled: config.compaction.enabled,
+    };
+    Ok(Server::bind(config, chat).await?)
+}
 
 /// Runs the proxy until SIGTERM/SIGINT; exit code 0 after a graceful shutdown.
 pub fn serve(config: Config) -> ExitCode {
@@ -16,7 +58,7 @@ pub fn serve(config: Config) -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let server = match Server::bind(&config).await {
+        let server = match build_server(&config).await {
             Ok(server) => server,
             Err(e) => {
                 tracing::error!(error = %e, "cannot start");

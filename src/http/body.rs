@@ -99,6 +99,75 @@ where
     }
 }
 
+/// Reads a whole request body of at most `limit` bytes.
+pub async fn read_limited<B>(body: B, limit: u64) -> Result<Bytes, ReadError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let exceeded = Arc::new(AtomicBool::new(false));
+    match Limited::new(body, limit, exceeded.clone()).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(_) if exceeded.load(Ordering::Acquire) => Err(ReadError::TooLarge { limit }),
+        Err(e) => Err(ReadError::Body(e.to_string())),
+    }
+}
+
+/// Why a body could not be read whole.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Over the limit.
+    #[error("body exceeds {limit} bytes")]
+    TooLarge {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The stream failed (e.g. the client went away).
+    #[error("body could not be read: {0}")]
+    Body(String),
+}
+
+/// Reads up to `limit` bytes of `body`. Returns the whole body when it ended within the
+/// limit, else a body that replays what was read and streams the rest.
+pub async fn peek<B>(mut body: B, limit: usize) -> Result<Bytes, ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mut read = bytes::BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Ok(read.freeze()),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    read.extend_from_slice(&data);
+                    if read.len() > limit {
+                        return Err(prefixed(read.freeze(), body));
+                    }
+                }
+                // Trailers end the body; an error body with trailers is replayed as data.
+                Err(_) => return Ok(read.freeze()),
+            },
+            Some(Err(e)) => {
+                let err: BoxError = e.into();
+                let head = futures_util::stream::iter([Ok(Frame::data(read.freeze())), Err(err)]);
+                return Err(http_body_util::StreamBody::new(head).boxed_unsync());
+            }
+        }
+    }
+}
+
+fn prefixed<B>(head: Bytes, rest: B) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    use futures_util::StreamExt;
+    let head = futures_util::stream::once(async move { Ok::<_, BoxError>(Frame::data(head)) });
+    let rest = http_body_util::BodyStream::new(rest.map_err(Into::into));
+    http_body_util::StreamBody::new(head.chain(rest)).boxed_unsync()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +182,17 @@ mod tests {
         let too_big = Limited::new(Full::new(Bytes::from_static(b"abcd")), 3, flag.clone());
         assert!(too_big.collect().await.is_err());
         assert!(flag.load(Ordering::Acquire));
+    }
+
+    #[tokio::test]
+    async fn peek_returns_small_bodies_and_replays_large_ones() {
+        let small = peek(Full::new(Bytes::from_static(b"small")), 10).await.unwrap();
+        assert_eq!(small, "small");
+        let chunks = futures_util::stream::iter(
+            ["aaaa", "bbbb", "cccc", "dddd"]
+                .map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from(c)))),
+        );
+        let large = peek(http_body_util::StreamBody::new(chunks), 6).await.unwrap_err();
+        assert_eq!(large.collect().await.unwrap().to_bytes(), "aaaabbbbccccdddd");
     }
 }

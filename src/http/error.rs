@@ -24,6 +24,9 @@ pub enum ProxyError {
         "no route for {0}: foldgate serves the OpenAI API under /v1/ (set your base URL to http://<host>:<port>/v1)"
     )]
     NotFound(String),
+    /// The request body could not be read (e.g. the client went away mid-body).
+    #[error("request body could not be read: {0}")]
+    ClientBody(String),
     /// The proxy is shutting down.
     #[error("foldgate is shutting down")]
     ShuttingDown,
@@ -43,6 +46,9 @@ impl ProxyError {
                 (StatusCode::GATEWAY_TIMEOUT, "upstream_error", "upstream_timeout")
             }
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "unknown_route"),
+            Self::ClientBody(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", "request_body_unreadable")
+            }
             Self::ShuttingDown => {
                 (StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down")
             }

@@ -2,12 +2,14 @@
 //! The only module that imports hyper, http and tower.
 
 mod body;
+pub mod chat;
 mod error;
 mod headers;
 pub mod layers;
 mod passthrough;
 mod routes;
 pub mod server;
+pub mod session_key;
 pub mod upstream;
 
 pub use body::ProxyBody;

@@ -37,20 +37,31 @@ pub async fn forward(
 /// Builds the upstream request: same method, headers minus hop-by-hop, mapped URI.
 pub fn upstream_request(
     upstream: &Upstream,
-    mut parts: http::request::Parts,
+    parts: http::request::Parts,
+    body: ProxyBody,
+) -> Result<Request<ProxyBody>, ProxyError> {
+    build_request(upstream, parts.method, &parts.uri, parts.headers, body)
+}
+
+/// Builds an upstream request from its pieces (see [`upstream_request`]).
+pub fn build_request(
+    upstream: &Upstream,
+    method: http::Method,
+    uri: &http::Uri,
+    mut headers: HeaderMap,
     body: ProxyBody,
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let uri = upstream
-        .target_uri(parts.uri.path(), parts.uri.query())
+        .target_uri(uri.path(), uri.query())
         .map_err(|e| ProxyError::UpstreamUnreachable(format!("cannot build upstream URI: {e}")))?;
-    strip_hop_by_hop(&mut parts.headers);
+    strip_hop_by_hop(&mut headers);
     // The client sets Host from the URI; an expectation is between client and foldgate.
-    parts.headers.remove(header::HOST);
-    parts.headers.remove(header::EXPECT);
+    headers.remove(header::HOST);
+    headers.remove(header::EXPECT);
     let mut outgoing = Request::new(body);
-    *outgoing.method_mut() = parts.method;
+    *outgoing.method_mut() = method;
     *outgoing.uri_mut() = uri;
-    *outgoing.headers_mut() = parts.headers;
+    *outgoing.headers_mut() = headers;
     // The pooled connection decides between HTTP/1.1 and HTTP/2 (ALPN).
     *outgoing.version_mut() = Version::HTTP_11;
     Ok(outgoing)
@@ -64,6 +75,7 @@ pub fn client_response(response: Response<Incoming>) -> Response<ProxyBody> {
     Response::from_parts(parts, boxed(body))
 }
 
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
+/// The request's `Content-Length`, if it has a valid one.
+pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }

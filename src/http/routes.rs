@@ -10,6 +10,7 @@ use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 
 use super::body::{ProxyBody, full};
+use super::chat::{self, ChatState};
 use super::error::ProxyError;
 use super::passthrough;
 use super::upstream::Upstream;
@@ -22,6 +23,8 @@ pub struct AppState {
     pub max_body: u64,
     /// Listener up and not draining.
     pub ready: AtomicBool,
+    /// Chat-completions interception.
+    pub chat: ChatState,
 }
 
 /// The innermost service: routes a request to its handler.
@@ -66,6 +69,9 @@ async fn route(
         } else {
             json(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"not ready"}"#)
         }),
+        (&Method::POST, "/v1/chat/completions") => {
+            chat::handle(&state.upstream, state.max_body, &state.chat, request).await
+        }
         (_, p) if p == "/v1" || p.starts_with("/v1/") => {
             passthrough::forward(&state.upstream, state.max_body, request).await
         }

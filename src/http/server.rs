@@ -14,6 +14,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
+use super::chat::ChatState;
 use super::layers::{AccessLogLayer, RequestIdLayer};
 use super::routes::{AppState, Router};
 use super::upstream::{Upstream, UpstreamSetupError};
@@ -43,8 +44,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `config.server.listen` and builds the upstream client.
-    pub async fn bind(config: &Config) -> Result<Self, ServerError> {
+    /// Binds `config.server.listen` and builds the upstream client; `chat` handles
+    /// chat-completions requests.
+    pub async fn bind(config: &Config, chat: ChatState) -> Result<Self, ServerError> {
         let upstream = Upstream::new(&config.upstream)?;
         let addr = config.server.listen;
         let listener =
@@ -53,6 +55,7 @@ impl Server {
             upstream,
             max_body: config.server.max_body_size.0,
             ready: false.into(),
+            chat,
         });
         Ok(Self { listener, state, grace: config.server.shutdown_grace })
     }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use foldgate::config::Config;
-use foldgate::http::Server;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -138,7 +137,7 @@ pub struct Proxy {
 impl Proxy {
     pub async fn start(mut config: Config) -> Self {
         config.server.listen = "127.0.0.1:0".parse().unwrap();
-        let server = Server::bind(&config).await.unwrap();
+        let server = foldgate::app::build_server(&config).await.unwrap();
         let addr = server.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {

@@ -1,0 +1,164 @@
+//! One chat request of a conversation through the engine: take the session's lock,
+//! load its state, compact, save, and decide what to forward. Never fails: any error
+//! inside compaction forwards the original request (fail open) and says so.
+//!
+//! Knows sessions and the engine, not HTTP: the caller brings the session key, the
+//! parsed request and a summarizer bound to the client's credential.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+
+use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
+use crate::config::CompactionMode;
+use crate::model::ChatRequest;
+use crate::session::{SessionKey, SessionLocks, SessionStore};
+use crate::summarizer::Summarizer;
+
+/// What happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatOutcome {
+    /// Below the trigger (or compaction disabled): the original bytes are forwarded.
+    Passthrough,
+    /// A compacted body is forwarded.
+    Compacted,
+    /// Shadow mode: compaction was computed but the original bytes are forwarded.
+    Observed,
+    /// Compaction failed; the original bytes are forwarded.
+    FailedOpen,
+}
+
+impl ChatOutcome {
+    /// The label used in headers, logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Passthrough => "passthrough",
+            Self::Compacted => "compacted",
+            Self::Observed => "observed",
+            Self::FailedOpen => "failed_open",
+        }
+    }
+}
+
+/// The decision for one request.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// What happened.
+    pub outcome: ChatOutcome,
+    /// The body to forward when it is not the original.
+    pub rewritten: Option<Bytes>,
+    /// The engine's report, when the engine ran to the end.
+    pub report: Option<Report>,
+    /// The session store failed; the request was handled without stored state.
+    pub store_error: bool,
+    /// Why compaction failed, for the log.
+    pub error: Option<String>,
+}
+
+impl Decision {
+    /// The body to forward: the rewritten one, or `original`.
+    pub fn body(&self, original: &Bytes) -> Bytes {
+        self.rewritten.clone().unwrap_or_else(|| original.clone())
+    }
+}
+
+/// Runs the engine per conversation with stored state.
+pub struct Compactor {
+    engine: Engine,
+    store: Arc<dyn SessionStore<SessionState>>,
+    locks: SessionLocks,
+    mode: CompactionMode,
+}
+
+impl Compactor {
+    /// A compactor over `engine`, keeping state in `store`.
+    pub fn new(
+        engine: Engine,
+        store: Arc<dyn SessionStore<SessionState>>,
+        mode: CompactionMode,
+    ) -> Self {
+        Self { engine, store, locks: SessionLocks::default(), mode }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The session store.
+    pub fn store(&self) -> &Arc<dyn SessionStore<SessionState>> {
+        &self.store
+    }
+
+    /// Compacts `request` of session `key`. Holding the session's lock for the whole
+    /// step means concurrent requests of one conversation never summarize one range twice.
+    pub async fn decide(
+        &self,
+        key: &SessionKey,
+        request: &ChatRequest,
+        summarizer: &dyn Summarizer,
+        options: &Options,
+    ) -> Decision {
+        let _guard = self.locks.lock(key).await;
+        let mut store_error = false;
+        let mut state = match self.store.load(key).await {
+            Ok(found) => found.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %e, store = self.store.name(), "session load failed; compacting without stored state");
+                store_error = true;
+                SessionState::default()
+            }
+        };
+        let run = self.engine.compact_request(request, &mut state, summarizer, options);
+        let result = AssertUnwindSafe(run).catch_unwind().await;
+        let outcome = match result {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => return Decision::failed_open(e.to_string(), store_error),
+            Err(panic) => return Decision::failed_open(panic_message(&panic), store_error),
+        };
+        if let Err(e) = self.store.save(key, state).await {
+            tracing::warn!(error = %e, store = self.store.name(), "session save failed");
+            store_error = true;
+        }
+        match outcome {
+            Outcome::Unchanged { report } => Decision {
+                outcome: ChatOutcome::Passthrough,
+                rewritten: None,
+                report: Some(report),
+                store_error,
+                error: None,
+            },
+            Outcome::Compacted { body, report, .. } => {
+                let (outcome, rewritten) = match self.mode {
+                    CompactionMode::Enforce => (ChatOutcome::Compacted, Some(Bytes::from(body))),
+                    CompactionMode::Observe => (ChatOutcome::Observed, None),
+                };
+                Decision { outcome, rewritten, report: Some(report), store_error, error: None }
+            }
+        }
+    }
+}
+
+impl Decision {
+    fn failed_open(error: String, store_error: bool) -> Self {
+        tracing::error!(%error, "compaction failed; forwarding the original request");
+        Self {
+            outcome: ChatOutcome::FailedOpen,
+            rewritten: None,
+            report: None,
+            store_error,
+            error: Some(error),
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    format!("panic in compaction: {text}")
+}

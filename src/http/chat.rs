@@ -1,0 +1,216 @@
+//! `POST /v1/chat/completions`: read the body, let the compactor decide, forward the
+//! original bytes or the compacted body, stream the answer back. On a context-length
+//! error that reached no client byte yet, compact deeper and retry once.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use super::body::{ProxyBody, ReadError, full, peek, read_limited};
+use super::error::ProxyError;
+use super::passthrough::{self, build_request, client_response, declared_length};
+use super::session_key::{credential, session_key};
+use super::upstream::Upstream;
+use crate::compaction::{Options, Report};
+use crate::compactor::{ChatOutcome, Compactor, Decision};
+use crate::model::ChatRequest;
+use crate::summarizer::{ExtractiveSummarizer, Summarizer};
+
+/// Header marking foldgate's own summarization calls; such requests are never compacted.
+pub const SUMMARY_HEADER: &str = "x-foldgate-summary";
+
+/// Error bodies larger than this are passed through without looking for an overflow.
+const OVERFLOW_PEEK_LIMIT: usize = 256 * 1024;
+
+/// Which summarizer writes digests.
+pub enum Summarizers {
+    /// Deterministic digests only.
+    Extractive,
+}
+
+/// What the chat handler shares.
+pub struct ChatState {
+    /// Sessions and the engine.
+    pub compactor: Compactor,
+    /// Digest writers.
+    pub summarizers: Summarizers,
+    /// The header naming a conversation.
+    pub session_header: HeaderName,
+    /// `compaction.enabled`.
+    pub enabled: bool,
+}
+
+impl ChatState {
+    fn summarizer_for(&self, headers: &HeaderMap, request: &ChatRequest) -> Box<dyn Summarizer> {
+        let _ = (headers, request, credential);
+        match &self.summarizers {
+            Summarizers::Extractive => Box::new(ExtractiveSummarizer),
+        }
+    }
+}
+
+/// Handles one chat-completions request.
+pub async fn handle(
+    upstream: &Upstream,
+    max_body: u64,
+    chat: &ChatState,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    if !chat.enabled || request.headers().contains_key(SUMMARY_HEADER) {
+        return passthrough::forward(upstream, max_body, request).await;
+    }
+    if declared_length(request.headers()).is_some_and(|len| len > max_body) {
+        return Err(ProxyError::BodyTooLarge { limit: max_body });
+    }
+    let (parts, body) = request.into_parts();
+    let original = read_limited(body, max_body).await.map_err(|e| match e {
+        ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        ReadError::Body(message) => ProxyError::ClientBody(message),
+    })?;
+    // A body foldgate does not understand goes upstream as it is; the upstream answers.
+    let Ok(parsed) = ChatRequest::parse(&original) else {
+        return Ok(client_response(send(upstream, &parts, original).await?));
+    };
+    let key = session_key(&parts.headers, chat.session_header.as_str(), &parsed);
+    let summarizer = chat.summarizer_for(&parts.headers, &parsed);
+    let decision =
+        chat.compactor.decide(&key, &parsed, summarizer.as_ref(), &Options::default()).await;
+    log_decision(&decision, false);
+    let response = client_response(send(upstream, &parts, decision.body(&original)).await?);
+    let tag = |response, decision: &Decision, retried| {
+        with_report_headers(response, decision, key.as_str(), retried)
+    };
+    if !matches!(response.status(), StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE) {
+        return Ok(tag(response, &decision, false));
+    }
+
+    // An error answer: no byte has reached the client yet, so a context overflow can be
+    // retried once with a deeper compaction.
+    let (head, body) = response.into_parts();
+    let error_body = match peek(body, OVERFLOW_PEEK_LIMIT).await {
+        Ok(bytes) => bytes,
+        Err(replay) => return Ok(tag(Response::from_parts(head, replay), &decision, false)),
+    };
+    let as_received = |head| Response::from_parts(head, full(error_body.clone()));
+    if !is_context_overflow(&error_body) {
+        return Ok(tag(as_received(head), &decision, false));
+    }
+    let options = Options::overflow_retry(chat.compactor.engine().config());
+    let retry = chat.compactor.decide(&key, &parsed, summarizer.as_ref(), &options).await;
+    log_decision(&retry, true);
+    let Some(body) = retry.rewritten.clone() else {
+        // Nothing more to take out (or observe mode): the upstream's answer stands.
+        return Ok(tag(as_received(head), &decision, false));
+    };
+    let response = client_response(send(upstream, &parts, body).await?);
+    Ok(tag(response, &retry, true))
+}
+
+/// Sends `body` upstream with the client's method, path and headers.
+async fn send(
+    upstream: &Upstream,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Result<Response<Incoming>, ProxyError> {
+    let mut headers = parts.headers.clone();
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let request = build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body))?;
+    upstream.send(request).await
+}
+
+/// True for the error answers providers give when a prompt is longer than the window.
+pub fn is_context_overflow(body: &[u8]) -> bool {
+    const PHRASES: [&str; 8] = [
+        "context_length_exceeded",
+        "maximum context length",
+        "context length",
+        "context window",
+        "prompt is too long",
+        "too many tokens",
+        "input is too long",
+        "reduce the length of the messages",
+    ];
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let error = value.get("error").unwrap_or(&value);
+    let code = ["code", "type"]
+        .iter()
+        .filter_map(|k| error.get(*k).and_then(serde_json::Value::as_str))
+        .any(|c| c.contains("context_length"));
+    let message = error
+        .get("message")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    code || PHRASES.iter().any(|p| message.contains(p))
+}
+
+fn log_decision(decision: &Decision, retry: bool) {
+    let Some(report) = &decision.report else { return };
+    if decision.outcome == ChatOutcome::Passthrough && !retry {
+        tracing::debug!(tokens = report.tokens_before, "below the trigger");
+        return;
+    }
+    tracing::info!(
+        outcome = decision.outcome.as_str(),
+        retry,
+        tier = report.tier,
+        tokens_before = report.tokens_before,
+        tokens_after = report.tokens_after,
+        folded = report.folded,
+        elided = report.elided,
+        dropped = report.dropped,
+        blocks_reused = report.blocks_reused,
+        blocks_new = report.blocks_new,
+        summarizer = report.summarizer.as_deref().unwrap_or("-"),
+        summarizer_error = report.summarizer_error.as_deref().unwrap_or("-"),
+        "compaction"
+    );
+}
+
+/// Adds `x-foldgate-*` headers saying what happened.
+fn with_report_headers(
+    mut response: Response<ProxyBody>,
+    decision: &Decision,
+    session: &str,
+    retried: bool,
+) -> Response<ProxyBody> {
+    let headers = response.headers_mut();
+    let mut set = |name: &'static str, value: HeaderValue| {
+        headers.insert(HeaderName::from_static(name), value);
+    };
+    set("x-foldgate-outcome", HeaderValue::from_static(decision.outcome.as_str()));
+    if let Ok(value) = HeaderValue::from_str(session) {
+        set("x-foldgate-session", value);
+    }
+    if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
+        set("x-foldgate-tokens-before", HeaderValue::from(*tokens_before));
+        set("x-foldgate-tokens-after", HeaderValue::from(*tokens_after));
+        set("x-foldgate-tier", HeaderValue::from(u16::from(*tier)));
+    }
+    if retried {
+        set("x-foldgate-retried", HeaderValue::from_static("1"));
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_context_overflow;
+
+    #[test]
+    fn recognises_context_overflow_errors() {
+        assert!(is_context_overflow(
+            br#"{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#
+        ));
+        assert!(is_context_overflow(
+            br#"{"error":{"message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#
+        ));
+        assert!(!is_context_overflow(
+            br#"{"error":{"message":"Invalid value for 'temperature'"}}"#
+        ));
+        assert!(!is_context_overflow(b"not json"));
+    }
+}

@@ -1,0 +1,120 @@
+//! Which conversation a request belongs to, scoped by tenant.
+//!
+//! Tenant = a hash of the request's credential (`Authorization`, `api-key`,
+//! `x-api-key`), so one tenant can never reach another's state. Within a tenant the
+//! configured header (default `x-session-id`) names the conversation; without it a
+//! fingerprint of (model, first system message, first user message) does. Only hashes
+//! leave this module: raw session ids and credentials are never stored or shown.
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::model::{ChatRequest, Role};
+use crate::session::SessionKey;
+
+/// Headers that carry a client credential, in the order they are looked up.
+pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
+
+/// The first credential header present: its name and value.
+pub fn credential(headers: &HeaderMap) -> Option<(&'static str, &http::HeaderValue)> {
+    CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(*name).map(|v| (*name, v)))
+}
+
+/// The session key of `request`: tenant-scoped, from `session_header` or a fingerprint.
+pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequest) -> SessionKey {
+    let mut hash = Sha256::new();
+    hash.update(b"foldgate/session/v1\0");
+    match credential(headers) {
+        Some((name, value)) => {
+            hash.update(name.as_bytes());
+            hash.update(b"\0");
+            hash.update(value.as_bytes());
+        }
+        None => hash.update(b"anonymous"),
+    }
+    hash.update(b"\0");
+    match headers.get(session_header).filter(|v| !v.is_empty()) {
+        Some(id) => {
+            hash.update(b"header\0");
+            hash.update(id.as_bytes());
+        }
+        None => {
+            hash.update(b"fingerprint\0");
+            hash.update(request.model().unwrap_or_default().as_bytes());
+            for role in [Role::System, Role::User] {
+                hash.update(b"\0");
+                let first = request.messages().iter().find(|m| {
+                    m.role() == role || (role == Role::System && m.role() == Role::Developer)
+                });
+                if let Some(message) = first {
+                    hash.update(message.raw().as_bytes());
+                }
+            }
+        }
+    }
+    let digest = hash.finalize();
+    SessionKey::from_digest(digest[..16].iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(first_user: &str) -> ChatRequest {
+        let body = serde_json::json!({
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": first_user},
+                {"role": "assistant", "content": "ok"}
+            ]
+        });
+        ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs.iter().map(|(k, v)| (http::HeaderName::from_static(k), v.parse().unwrap())).collect()
+    }
+
+    #[test]
+    fn same_session_id_under_two_credentials_gives_two_keys() {
+        let r = request("hi");
+        let a = session_key(
+            &headers(&[("authorization", "Bearer A"), ("x-session-id", "s1")]),
+            "x-session-id",
+            &r,
+        );
+        let b = session_key(
+            &headers(&[("authorization", "Bearer B"), ("x-session-id", "s1")]),
+            "x-session-id",
+            &r,
+        );
+        assert_ne!(a, b);
+        let a2 = session_key(
+            &headers(&[("authorization", "Bearer A"), ("x-session-id", "s1")]),
+            "x-session-id",
+            &request("other"),
+        );
+        assert_eq!(a, a2, "with the header, content does not matter");
+    }
+
+    #[test]
+    fn fingerprint_follows_the_start_of_the_conversation() {
+        let h = headers(&[("api-key", "k")]);
+        let a = session_key(&h, "x-session-id", &request("task one"));
+        assert_eq!(a, session_key(&h, "x-session-id", &request("task one")));
+        assert_ne!(a, session_key(&h, "x-session-id", &request("task two")));
+        assert_ne!(
+            a,
+            session_key(&headers(&[("api-key", "other")]), "x-session-id", &request("task one"))
+        );
+    }
+
+    #[test]
+    fn keys_never_contain_the_credential_or_the_session_id() {
+        let h = headers(&[("authorization", "Bearer sk-secret"), ("x-session-id", "my-session")]);
+        let key = session_key(&h, "x-session-id", &request("x"));
+        assert_eq!(key.as_str().len(), 32);
+        assert!(!key.as_str().contains("secret") && !key.as_str().contains("my-session"));
+    }
+}

@@ -1,0 +1,145 @@
+//! The embedded store: a dashmap bounded by TTL and a maximum number of sessions
+//! (least recently used evicted first).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use tokio::time::Instant;
+
+use super::{SessionKey, SessionStore, StoreError};
+
+struct Entry<S> {
+    state: S,
+    last_seen: Instant,
+}
+
+/// In-memory session store for one process.
+pub struct MemoryStore<S> {
+    map: DashMap<SessionKey, Entry<S>>,
+    ttl: Duration,
+    max_sessions: usize,
+}
+
+impl<S> MemoryStore<S> {
+    /// A store keeping sessions for `ttl` after last use, at most `max_sessions` of them.
+    pub fn new(ttl: Duration, max_sessions: usize) -> Self {
+        Self { map: DashMap::new(), ttl, max_sessions: max_sessions.max(1) }
+    }
+
+    /// Drops expired sessions; returns how many. Run periodically.
+    pub fn sweep(&self) -> usize {
+        let before = self.map.len();
+        let now = Instant::now();
+        self.map.retain(|_, e| now.duration_since(e.last_seen) < self.ttl);
+        before.saturating_sub(self.map.len())
+    }
+
+    /// Evicts least recently used sessions until there is room for one more. Evicts a
+    /// sixteenth of the capacity at once so that the scan is amortized over many inserts.
+    fn make_room(&self) {
+        if self.map.len() < self.max_sessions {
+            return;
+        }
+        self.sweep();
+        let excess = (self.map.len() + 1).saturating_sub(self.max_sessions);
+        if excess == 0 {
+            return;
+        }
+        let batch = excess.max(self.max_sessions / 16).min(self.map.len());
+        let mut by_age: Vec<(Instant, SessionKey)> =
+            self.map.iter().map(|e| (e.last_seen, e.key().clone())).collect();
+        by_age.sort_unstable();
+        for (_, key) in by_age.into_iter().take(batch) {
+            self.map.remove(&key);
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn load(&self, key: &SessionKey) -> Result<Option<S>, StoreError> {
+        let now = Instant::now();
+        let found = match self.map.get_mut(key) {
+            Some(mut entry) if now.duration_since(entry.last_seen) < self.ttl => {
+                entry.last_seen = now;
+                Some(entry.state.clone())
+            }
+            Some(_) => None,
+            None => return Ok(None),
+        };
+        if found.is_none() {
+            self.map.remove_if(key, |_, e| now.duration_since(e.last_seen) >= self.ttl);
+        }
+        Ok(found)
+    }
+
+    async fn save(&self, key: &SessionKey, state: S) -> Result<(), StoreError> {
+        if !self.map.contains_key(key) {
+            self.make_room();
+        }
+        self.map.insert(key.clone(), Entry { state, last_seen: Instant::now() });
+        Ok(())
+    }
+
+    fn active_sessions(&self) -> usize {
+        self.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: usize) -> SessionKey {
+        SessionKey::from_digest(format!("k{n}"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_expire_after_the_ttl() {
+        let store = MemoryStore::new(Duration::from_secs(60), 100);
+        store.save(&key(1), 7u32).await.unwrap();
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert_eq!(store.load(&key(1)).await.unwrap(), Some(7), "use refreshes last-seen");
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert_eq!(store.load(&key(1)).await.unwrap(), Some(7));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(store.load(&key(1)).await.unwrap(), None);
+        assert_eq!(store.active_sessions(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sweep_drops_expired_sessions() {
+        let store = MemoryStore::new(Duration::from_secs(10), 100);
+        store.save(&key(1), 1u32).await.unwrap();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        store.save(&key(2), 2u32).await.unwrap();
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(store.sweep(), 1);
+        assert_eq!(store.load(&key(2)).await.unwrap(), Some(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn least_recently_used_sessions_are_evicted_at_capacity() {
+        let store = MemoryStore::new(Duration::from_secs(3600), 32);
+        for n in 0..32 {
+            store.save(&key(n), n).await.unwrap();
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        // Touch session 0 so it is the most recently used.
+        assert_eq!(store.load(&key(0)).await.unwrap(), Some(0));
+        store.save(&key(99), 99).await.unwrap();
+        assert!(store.active_sessions() <= 32);
+        assert_eq!(store.load(&key(0)).await.unwrap(), Some(0), "recently used survives");
+        assert_eq!(store.load(&key(1)).await.unwrap(), None, "oldest was evicted");
+        assert_eq!(store.load(&key(99)).await.unwrap(), Some(99));
+        for n in 100..1000 {
+            store.save(&key(n), n).await.unwrap();
+        }
+        assert!(store.active_sessions() <= 32);
+    }
+}
