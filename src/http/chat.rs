@@ -96,7 +96,7 @@ pub async fn handle(
     if !is_context_overflow(&error_body) {
         return Ok(tag(as_received(head), &decision, false));
     }
-    let options = Options::overflow_retry(chat.compactor.engine().config());
+    let options = overflow_options(chat, &decision, &error_body);
     let retry = chat.compactor.decide(&key, &parsed, summarizer.as_ref(), &options).await;
     log_decision(&retry, true);
     let Some(body) = retry.rewritten.clone() else {
@@ -117,6 +117,30 @@ async fn send(
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let request = build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body))?;
     upstream.send(request).await
+}
+
+/// Options for the retry after an overflow: forced, to half the usual target, within the
+/// window the provider stated (else within the prompt size that it just rejected).
+fn overflow_options(chat: &ChatState, decision: &Decision, error_body: &[u8]) -> Options {
+    let mut options = Options::overflow_retry(chat.compactor.engine().config());
+    let rejected = decision.report.as_ref().map(|r| r.tokens_after);
+    options.window_cap = stated_window(error_body).or(rejected).filter(|&n| n > 0);
+    options
+}
+
+/// The context window a provider's overflow message states, e.g. "maximum context
+/// length is 8192 tokens" or "210000 tokens > 200000 maximum".
+fn stated_window(body: &[u8]) -> Option<usize> {
+    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+    ["maximum context length is ", "context length is ", " > "].iter().find_map(|marker| {
+        let start = text.find(marker)? + marker.len();
+        let digits: String = text[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ',')
+            .filter(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    })
 }
 
 /// True for the error answers providers give when a prompt is longer than the window.
@@ -198,7 +222,20 @@ fn with_report_headers(
 
 #[cfg(test)]
 mod tests {
-    use super::is_context_overflow;
+    use super::{is_context_overflow, stated_window};
+
+    #[test]
+    fn reads_the_window_a_provider_states() {
+        assert_eq!(
+            stated_window(b"This model's maximum context length is 128,000 tokens."),
+            Some(128_000)
+        );
+        assert_eq!(
+            stated_window(b"prompt is too long: 210000 tokens > 200000 maximum"),
+            Some(200_000)
+        );
+        assert_eq!(stated_window(b"too long"), None);
+    }
 
     #[test]
     fn recognises_context_overflow_errors() {

@@ -21,6 +21,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
+pub mod agent;
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type TestBody = UnsyncBoxBody<Bytes, BoxError>;
 pub type Handler =

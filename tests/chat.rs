@@ -1,0 +1,292 @@
+//! Chat-completions interception over real HTTP: a growing agent conversation through
+//! foldgate to a recording mock provider.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use common::agent::{COMPLETION, ProviderStats, conversation, provider, requests};
+use common::*;
+use foldgate::compaction::check::verify;
+use foldgate::compaction::{Budget, Options, TokenCache};
+use foldgate::config::{CompactionMode, Config, SummarizerKind};
+use foldgate::model::{ChatRequest, DIGEST_MARKER};
+use http::{HeaderMap, Request, StatusCode};
+
+const WINDOW: usize = 12_000;
+
+fn chat_config(upstream: &str) -> Config {
+    let mut config = config_for(upstream);
+    config.compaction.max_context_tokens = Some(WINDOW);
+    config.summarizer.kind = SummarizerKind::Extractive;
+    config
+}
+
+fn chat_request(proxy: &Proxy, body: Bytes, credential: &str, session: &str) -> Request<TestBody> {
+    Request::post(proxy.url("/v1/chat/completions"))
+        .header("authorization", credential)
+        .header("x-session-id", session)
+        .header("content-type", "application/json")
+        .body(full(body))
+        .unwrap()
+}
+
+/// Bodies the mock received for chat calls (not summarization calls), in order.
+fn forwarded(mock: &MockUpstream) -> Vec<Bytes> {
+    mock.recorded()
+        .into_iter()
+        .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
+        .map(|r| r.body)
+        .collect()
+}
+
+fn header(headers: &HeaderMap, name: &str) -> String {
+    headers.get(name).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default()
+}
+
+/// Raw text of the forwarded messages up to and including the last digest.
+fn prefix_through_last_digest(body: &[u8]) -> Vec<String> {
+    let request = ChatRequest::parse(body).unwrap();
+    let raws: Vec<String> = request.messages().iter().map(|m| m.raw().to_owned()).collect();
+    let last = request.messages().iter().rposition(|m| m.is_digest());
+    last.map(|i| raws[..=i].to_vec()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_growing_conversation_is_compacted_validly_and_cache_stably() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats.clone())).await;
+    let config = chat_config(&mock.url());
+    let proxy = Proxy::start(config.clone()).await;
+    let bodies = requests(&conversation(40, 4), &[]);
+    assert!(bodies.len() >= 40);
+
+    let mut outcomes = Vec::new();
+    let mut cache = TokenCache::default();
+    let mut previous_prefix: Vec<String> = Vec::new();
+    for (i, body) in bodies.iter().take(40).enumerate() {
+        let (status, headers, answer) =
+            send(chat_request(&proxy, body.clone(), "Bearer sk-a", "session-1")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer, COMPLETION.as_bytes(), "the upstream answer passes unchanged");
+        let outcome = header(&headers, "x-foldgate-outcome");
+        let sent = forwarded(&mock)[i].clone();
+        let original = ChatRequest::parse(body).unwrap();
+        let budget = Budget::of(&original, &config.compaction, &Options::default());
+        if outcome == "passthrough" {
+            assert_eq!(sent, *body, "request {i} below the trigger is forwarded byte-identical");
+            assert!(previous_prefix.is_empty(), "no passthrough after the first fold");
+        } else {
+            assert_eq!(outcome, "compacted", "request {i}");
+            let after: usize = header(&headers, "x-foldgate-tokens-after").parse().unwrap();
+            let before: usize = header(&headers, "x-foldgate-tokens-before").parse().unwrap();
+            assert!(after < before && after <= budget.budget, "request {i}: {before} -> {after}");
+            let sent_request = ChatRequest::parse(&sent).unwrap();
+            let violations =
+                verify(&original, &sent_request, &config.compaction, &budget, &mut cache);
+            assert!(violations.is_empty(), "request {i}: {violations:?}");
+            // Unknown top-level fields survive.
+            let v: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+            assert_eq!(v["x_vendor_field"], serde_json::json!({"kept": [1, 2, 3]}));
+            assert_eq!(v["max_tokens"], 512);
+            // Prompt-cache stability: what was forwarded up to the last digest is
+            // forwarded again, byte for byte.
+            let prefix = prefix_through_last_digest(&sent);
+            assert!(
+                prefix.len() >= previous_prefix.len()
+                    && prefix[..previous_prefix.len()] == previous_prefix[..],
+                "request {i} rewrote an earlier fold block"
+            );
+            previous_prefix = prefix;
+        }
+        outcomes.push(outcome);
+    }
+    assert!(outcomes.iter().any(|o| o == "passthrough"));
+    assert!(outcomes.iter().filter(|o| *o == "compacted").count() >= 10, "{outcomes:?}");
+    let digests: std::collections::BTreeSet<String> = forwarded(&mock)
+        .iter()
+        .flat_map(|b| {
+            ChatRequest::parse(b)
+                .unwrap()
+                .messages()
+                .iter()
+                .filter(|m| m.is_digest())
+                .map(|m| m.raw().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(digests.len() >= 2, "several folds happened");
+    assert!(digests.iter().all(|d| d.contains(DIGEST_MARKER)));
+}
+
+#[tokio::test]
+async fn streaming_requests_are_compacted_and_streamed_back() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats.clone())).await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let bodies = requests(&conversation(30, 0), &[("stream", serde_json::json!(true))]);
+    let last = bodies.last().unwrap().clone();
+    let (status, headers, answer) =
+        send(chat_request(&proxy, last.clone(), "Bearer sk-a", "s")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header(&headers, "x-foldgate-outcome"), "compacted");
+    assert_eq!(headers["content-type"], "text/event-stream");
+    let text = String::from_utf8(answer.to_vec()).unwrap();
+    assert!(text.starts_with("data: {") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    let sent = forwarded(&mock).pop().unwrap();
+    assert!(sent.len() < last.len());
+    let v: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+    assert_eq!(v["stream"], true);
+}
+
+#[tokio::test]
+async fn two_tenants_with_the_same_session_id_never_share_state() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats.clone())).await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    // Tenant A builds up fold blocks under session "shared".
+    let a = requests(&conversation(30, 0), &[]);
+    let (_, headers_a, _) =
+        send(chat_request(&proxy, a.last().unwrap().clone(), "Bearer sk-tenant-a", "shared")).await;
+    assert_eq!(header(&headers_a, "x-foldgate-outcome"), "compacted");
+    // Tenant B's own, different conversation under the same session id.
+    let mut other = conversation(30, 0);
+    other[1] = serde_json::json!({"role": "user", "content": "Tenant B: summarise the README."});
+    let b = requests(&other, &[]);
+    let (_, headers_b, _) =
+        send(chat_request(&proxy, b.last().unwrap().clone(), "Bearer sk-tenant-b", "shared")).await;
+    assert_ne!(header(&headers_a, "x-foldgate-session"), header(&headers_b, "x-foldgate-session"));
+    let sent_b = String::from_utf8(forwarded(&mock).pop().unwrap().to_vec()).unwrap();
+    assert!(!sent_b.contains("Fix the failing test"), "tenant A's text reached tenant B");
+    assert!(sent_b.contains("Tenant B: summarise the README."));
+    for key in ["sk-tenant-a", "sk-tenant-b"] {
+        assert!(!header(&headers_a, "x-foldgate-session").contains(key));
+    }
+}
+
+#[tokio::test]
+async fn context_overflow_is_retried_once_with_a_deeper_compaction() {
+    // The provider rejects anything over 20 KB as too long.
+    let chats = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = chats.clone();
+    let mock = MockUpstream::start(Arc::new(move |rec: Recorded| {
+        let counter = counter.clone();
+        Box::pin(async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            if rec.body.len() > 20_000 {
+                response(400, r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#)
+            } else {
+                response(200, COMPLETION)
+            }
+        })
+    }))
+    .await;
+    let mut config = chat_config(&mock.url());
+    config.compaction.max_context_tokens = Some(128_000); // far below the trigger
+    let proxy = Proxy::start(config).await;
+    let body = requests(&conversation(20, 0), &[]).pop().unwrap();
+    assert!(body.len() > 20_000);
+    let (status, headers, answer) = send(chat_request(&proxy, body, "Bearer k", "s")).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&answer));
+    assert_eq!(header(&headers, "x-foldgate-retried"), "1");
+    assert_eq!(header(&headers, "x-foldgate-outcome"), "compacted");
+    assert_eq!(chats.load(Ordering::SeqCst), 2, "one failed attempt, one retry");
+}
+
+#[tokio::test]
+async fn a_persistent_overflow_is_passed_through_after_one_retry() {
+    let chats = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = chats.clone();
+    let error = r#"{"error":{"message":"prompt is too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+    let mock = MockUpstream::start(Arc::new(move |_| {
+        let counter = counter.clone();
+        Box::pin(async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            response(400, error)
+        })
+    }))
+    .await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let body = requests(&conversation(20, 0), &[]).pop().unwrap();
+    let (status, _, answer) = send(chat_request(&proxy, body, "Bearer k", "s")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(answer, error.as_bytes(), "the provider's error passes unchanged");
+    assert_eq!(chats.load(Ordering::SeqCst), 2, "retried once, never looped");
+}
+
+#[tokio::test]
+async fn other_400_errors_are_not_retried() {
+    let error =
+        r#"{"error":{"message":"Invalid value for 'temperature'","type":"invalid_request_error"}}"#;
+    let mock =
+        MockUpstream::start(Arc::new(move |_| Box::pin(async move { response(400, error) }))).await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let body = requests(&conversation(2, 0), &[]).pop().unwrap();
+    let (status, _, answer) = send(chat_request(&proxy, body, "Bearer k", "s")).await;
+    assert_eq!((status, answer), (StatusCode::BAD_REQUEST, Bytes::from(error)));
+    assert_eq!(forwarded(&mock).len(), 1);
+}
+
+#[tokio::test]
+async fn bodies_foldgate_does_not_understand_are_forwarded_unchanged() {
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    for body in
+        [&b"not json at all"[..], br#"{"model":"gpt-4o"}"#, br#"{"messages":"nope"}"#, b"[1,2]"]
+    {
+        let (status, _, answer) =
+            send(post(&proxy.url("/v1/chat/completions"), body.to_vec())).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer, body, "the upstream saw the original bytes");
+    }
+}
+
+#[tokio::test]
+async fn summarization_calls_and_disabled_compaction_pass_through() {
+    let mock = MockUpstream::echo().await;
+    let body = requests(&conversation(30, 0), &[]).pop().unwrap();
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let request = Request::post(proxy.url("/v1/chat/completions"))
+        .header("x-foldgate-summary", "1")
+        .body(full(body.clone()))
+        .unwrap();
+    assert_eq!(send(request).await.2, body, "a summarization call is never compacted");
+
+    let mut config = chat_config(&mock.url());
+    config.compaction.enabled = false;
+    let proxy = Proxy::start(config).await;
+    assert_eq!(send(post(&proxy.url("/v1/chat/completions"), body.clone())).await.2, body);
+}
+
+#[tokio::test]
+async fn observe_mode_reports_but_forwards_the_original() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats)).await;
+    let mut config = chat_config(&mock.url());
+    config.compaction.mode = CompactionMode::Observe;
+    let proxy = Proxy::start(config).await;
+    let body = requests(&conversation(30, 0), &[]).pop().unwrap();
+    let (status, headers, _) = send(chat_request(&proxy, body.clone(), "Bearer k", "s")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header(&headers, "x-foldgate-outcome"), "observed");
+    let before: usize = header(&headers, "x-foldgate-tokens-before").parse().unwrap();
+    let after: usize = header(&headers, "x-foldgate-tokens-after").parse().unwrap();
+    assert!(after < before);
+    assert_eq!(forwarded(&mock).pop().unwrap(), body);
+}
+
+#[tokio::test]
+async fn chat_bodies_over_the_limit_are_413() {
+    let mock = MockUpstream::echo().await;
+    let mut config = chat_config(&mock.url());
+    config.server.max_body_size = foldgate::config::ByteSize(4096);
+    let proxy = Proxy::start(config).await;
+    let body = requests(&conversation(10, 0), &[]).pop().unwrap();
+    let (status, _, answer) = send(post(&proxy.url("/v1/chat/completions"), body)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(json(&answer)["error"]["code"], "request_too_large");
+    assert!(mock.recorded().is_empty());
+}
