@@ -12,6 +12,7 @@ use crate::config::{Config, SummarizerKind};
 use crate::http::Server;
 use crate::http::chat::{ChatState, Summarizers};
 use crate::http::server::ServerError;
+use crate::metrics::Metrics;
 use crate::session::{MemoryStore, SessionStore};
 
 /// Why the proxy could not be assembled.
@@ -20,6 +21,9 @@ pub enum AppError {
     /// The server could not start.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// Metrics could not be registered.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// `session.header` is not a header name.
     #[error("session.header: {0}")]
     SessionHeader(String),
@@ -44,7 +48,8 @@ pub async fn build_server(config: &Config) -> Result<Server, AppError> {
         session_header,
         enabled: config.compaction.enabled,
     };
-    Ok(Server::bind(config, chat).await?)
+    let metrics = Arc::new(Metrics::new()?);
+    Ok(Server::bind(config, chat, metrics).await?)
 }
 
 /// Runs the proxy until SIGTERM/SIGINT; exit code 0 after a graceful shutdown.

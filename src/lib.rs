@@ -11,6 +11,7 @@ pub mod compaction;
 pub mod compactor;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod model;
 pub mod session;
 pub mod shutdown;

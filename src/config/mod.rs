@@ -42,6 +42,26 @@ pub struct Config {
     pub session: SessionConfig,
     /// Digest writing.
     pub summarizer: SummarizerConfig,
+    /// Prometheus metrics endpoint.
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve metrics at all.
+    pub enabled: bool,
+    /// Path of the endpoint.
+    pub path: String,
+    /// A separate listen address for metrics; unset: served on the proxy's port.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { enabled: true, path: "/metrics".to_owned(), listen: None }
+    }
 }
 
 /// `[server]`: the listener.
@@ -247,6 +267,9 @@ impl Config {
         }
         if let Err(e) = tracing_filter_is_valid(&self.log.level) {
             return Err(("log.level", e));
+        }
+        if !self.metrics.path.starts_with('/') || self.metrics.path.starts_with("/v1/") {
+            return Err(("metrics.path", format!("`{}` must start with / and not be under /v1/", self.metrics.path)));
         }
         self.session.validate()?;
         self.summarizer.validate()?;

@@ -2,6 +2,9 @@
 //! original bytes or the compacted body, stream the answer back. On a context-length
 //! error that reached no client byte yet, compact deeper and retry once.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
@@ -12,10 +15,12 @@ use super::error::ProxyError;
 use super::passthrough::{self, build_request, client_response, declared_length};
 use super::session_key::{credential, session_key};
 use super::upstream::Upstream;
+use super::usage_tap::UsageTap;
+use crate::metrics::{Metrics, Route, model_label};
 use crate::compaction::{Options, Report};
 use crate::compactor::{ChatOutcome, Compactor, Decision};
 use crate::model::ChatRequest;
-use crate::summarizer::{ExtractiveSummarizer, Summarizer};
+use crate::summarizer::{ExtractiveSummarizer, Summarizer, SummarizerError, SummaryInput};
 
 /// Header marking foldgate's own summarization calls; such requests are never compacted.
 pub const SUMMARY_HEADER: &str = "x-foldgate-summary";
@@ -55,10 +60,11 @@ pub async fn handle(
     upstream: &Upstream,
     max_body: u64,
     chat: &ChatState,
+    metrics: &Arc<Metrics>,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if !chat.enabled || request.headers().contains_key(SUMMARY_HEADER) {
-        return passthrough::forward(upstream, max_body, request).await;
+        return passthrough::forward(upstream, max_body, metrics, request).await;
     }
     if declared_length(request.headers()).is_some_and(|len| len > max_body) {
         return Err(ProxyError::BodyTooLarge { limit: max_body });
@@ -68,17 +74,22 @@ pub async fn handle(
         ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
         ReadError::Body(message) => ProxyError::ClientBody(message),
     })?;
+    let started = Instant::now();
     // A body foldgate does not understand goes upstream as it is; the upstream answers.
     let Ok(parsed) = ChatRequest::parse(&original) else {
-        return Ok(client_response(send(upstream, &parts, original).await?));
+        metrics.chat_requests.with_label_values(&["not_chat"]).inc();
+        let response = send(upstream, metrics, started, &parts, original).await?;
+        return Ok(client_response(response));
     };
+    let model = model_label(&parsed.model().unwrap_or_default());
     let key = session_key(&parts.headers, chat.session_header.as_str(), &parsed);
-    let summarizer = chat.summarizer_for(&parts.headers, &parsed);
-    let decision =
-        chat.compactor.decide(&key, &parsed, summarizer.as_ref(), &Options::default()).await;
+    let summarizer = Timed { inner: chat.summarizer_for(&parts.headers, &parsed), metrics: metrics.clone() };
+    let decision = chat.compactor.decide(&key, &parsed, &summarizer, &Options::default()).await;
     log_decision(&decision, false);
-    let response = client_response(send(upstream, &parts, decision.body(&original)).await?);
+    let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
+    let response = tapped(client_response(response), metrics, model);
     let tag = |response, decision: &Decision, retried| {
+        record(metrics, chat, decision, model);
         with_report_headers(response, decision, key.as_str(), retried)
     };
     if !matches!(response.status(), StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE) {
@@ -97,26 +108,99 @@ pub async fn handle(
         return Ok(tag(as_received(head), &decision, false));
     }
     let options = overflow_options(chat, &decision, &error_body);
-    let retry = chat.compactor.decide(&key, &parsed, summarizer.as_ref(), &options).await;
+    let started = Instant::now();
+    let retry = chat.compactor.decide(&key, &parsed, &summarizer, &options).await;
     log_decision(&retry, true);
     let Some(body) = retry.rewritten.clone() else {
         // Nothing more to take out (or observe mode): the upstream's answer stands.
+        metrics.overflow_retries.with_label_values(&["nothing_to_compact"]).inc();
         return Ok(tag(as_received(head), &decision, false));
     };
-    let response = client_response(send(upstream, &parts, body).await?);
-    Ok(tag(response, &retry, true))
+    metrics.overflow_retries.with_label_values(&["retried"]).inc();
+    let response = send(upstream, metrics, started, &parts, body).await?;
+    Ok(tag(tapped(client_response(response), metrics, model), &retry, true))
 }
 
-/// Sends `body` upstream with the client's method, path and headers.
+/// Records what happened to one chat request.
+fn record(metrics: &Metrics, chat: &ChatState, decision: &Decision, model: &'static str) {
+    let outcome = decision.outcome.as_str();
+    metrics.chat_requests.with_label_values(&[outcome]).inc();
+    metrics.active_sessions.set(i64::try_from(chat.compactor.store().active_sessions()).unwrap_or(i64::MAX));
+    if decision.store_error {
+        metrics.store_errors.with_label_values(&["access"]).inc();
+    }
+    let Some(report) = &decision.report else { return };
+    let before = report.tokens_before as u64;
+    let forwarded = if decision.rewritten.is_some() { report.tokens_after as u64 } else { before };
+    metrics.prompt_tokens_before.with_label_values(&[model]).inc_by(before);
+    metrics.prompt_tokens_after.with_label_values(&[model]).inc_by(forwarded);
+    metrics.tokens_saved.with_label_values(&[model]).inc_by(before.saturating_sub(forwarded));
+    if matches!(decision.outcome, ChatOutcome::Compacted | ChatOutcome::Observed) && before > 0 {
+        metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
+        let tier = TIERS.get(usize::from(report.tier)).copied().unwrap_or("other");
+        metrics.compactions.with_label_values(&[tier, outcome]).inc();
+    }
+    if let Some(recall) = report.artifact_recall {
+        metrics.artifact_recall.observe(recall);
+    }
+}
+
+/// Tier numbers as label values (3, goal batch, is not built yet).
+const TIERS: [&str; 5] = ["0", "1", "2", "3", "4"];
+
+/// Wraps the chat response body so upstream usage reaches the metrics.
+fn tapped(response: Response<ProxyBody>, metrics: &Arc<Metrics>, model: &'static str) -> Response<ProxyBody> {
+    let content_type = response.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let encoded = response.headers().contains_key(header::CONTENT_ENCODING);
+    response.map(|body| {
+        http_body_util::BodyExt::boxed_unsync(UsageTap::new(body, content_type.as_deref(), encoded, metrics.clone(), model))
+    })
+}
+
+/// A summarizer whose calls are timed and whose failures are counted.
+struct Timed {
+    inner: Box<dyn Summarizer>,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl Summarizer for Timed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
+        let started = Instant::now();
+        let result = self.inner.summarize(input).await;
+        self.metrics
+            .summarizer_duration
+            .with_label_values(&[self.inner.name()])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            self.metrics.summarizer_failures.with_label_values(&[e.reason()]).inc();
+        }
+        result
+    }
+}
+
+/// Sends `body` upstream with the client's method, path and headers; `started` is when
+/// foldgate began working on it (for the overhead metric).
 async fn send(
     upstream: &Upstream,
+    metrics: &Metrics,
+    started: Instant,
     parts: &http::request::Parts,
     body: Bytes,
 ) -> Result<Response<Incoming>, ProxyError> {
     let mut headers = parts.headers.clone();
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let request = build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body))?;
-    upstream.send(request).await
+    let route = [Route::ChatCompletions.as_str()];
+    metrics.proxy_overhead.with_label_values(&route).observe(started.elapsed().as_secs_f64());
+    let sent = Instant::now();
+    let result = upstream.send(request).await;
+    metrics.upstream_ttfb.with_label_values(&route).observe(sent.elapsed().as_secs_f64());
+    result
 }
 
 /// Options for the retry after an overflow: forced, to half the usual target, within the

@@ -11,6 +11,7 @@ mod routes;
 pub mod server;
 pub mod session_key;
 pub mod upstream;
+pub mod usage_tap;
 
 pub use body::ProxyBody;
 pub use error::ProxyError;

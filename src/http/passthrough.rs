@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use http::header::{self, HeaderMap};
 use http::{Request, Response, Version};
@@ -11,13 +12,16 @@ use super::body::{Limited, ProxyBody, boxed};
 use super::error::ProxyError;
 use super::headers::strip_hop_by_hop;
 use super::upstream::Upstream;
+use crate::metrics::{Metrics, Route};
 
 /// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the request.
 pub async fn forward(
     upstream: &Upstream,
     max_body: u64,
+    metrics: &Metrics,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let started = Instant::now();
     if declared_length(request.headers()).is_some_and(|len| len > max_body) {
         return Err(ProxyError::BodyTooLarge { limit: max_body });
     }
@@ -25,7 +29,12 @@ pub async fn forward(
     let exceeded = Arc::new(AtomicBool::new(false));
     let body = boxed(Limited::new(body, max_body, exceeded.clone()));
     let outgoing = upstream_request(upstream, parts, body)?;
-    match upstream.send(outgoing).await {
+    let route = [Route::Passthrough.as_str()];
+    metrics.proxy_overhead.with_label_values(&route).observe(started.elapsed().as_secs_f64());
+    let sent = Instant::now();
+    let result = upstream.send(outgoing).await;
+    metrics.upstream_ttfb.with_label_values(&route).observe(sent.elapsed().as_secs_f64());
+    match result {
         Ok(response) => Ok(client_response(response)),
         Err(_) if exceeded.load(Ordering::Acquire) => {
             Err(ProxyError::BodyTooLarge { limit: max_body })

@@ -14,6 +14,7 @@ use super::chat::{self, ChatState};
 use super::error::ProxyError;
 use super::passthrough;
 use super::upstream::Upstream;
+use crate::metrics::{Metrics, Route};
 
 /// What every request handler shares.
 pub struct AppState {
@@ -25,6 +26,10 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// Chat-completions interception.
     pub chat: ChatState,
+    /// Every metric.
+    pub metrics: Arc<Metrics>,
+    /// Where `/metrics` is served on the proxy port (`None`: disabled or elsewhere).
+    pub metrics_path: Option<String>,
 }
 
 /// The innermost service: routes a request to its handler.
@@ -52,31 +57,52 @@ impl tower::Service<Request<Incoming>> for Router {
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let state = self.state.clone();
         Box::pin(async move {
-            Ok(route(&state, request).await.unwrap_or_else(ProxyError::into_response))
+            let (route, result) = dispatch(&state, request).await;
+            let response = result.unwrap_or_else(ProxyError::into_response);
+            state.metrics.request(route, response.status().as_u16());
+            Ok(response)
         })
     }
 }
 
-async fn route(
+async fn dispatch(
     state: &AppState,
     request: Request<Incoming>,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     let path = request.uri().path();
     match (request.method(), path) {
-        (&Method::GET, "/healthz") => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
-        (&Method::GET, "/readyz") => Ok(if state.ready.load(Ordering::Acquire) {
-            json(StatusCode::OK, r#"{"status":"ready"}"#)
-        } else {
-            json(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"not ready"}"#)
-        }),
-        (&Method::POST, "/v1/chat/completions") => {
-            chat::handle(&state.upstream, state.max_body, &state.chat, request).await
+        (&Method::GET, "/healthz") => (Route::Local, Ok(json(StatusCode::OK, r#"{"status":"ok"}"#))),
+        (&Method::GET, "/readyz") => (
+            Route::Local,
+            Ok(if state.ready.load(Ordering::Acquire) {
+                json(StatusCode::OK, r#"{"status":"ready"}"#)
+            } else {
+                json(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"not ready"}"#)
+            }),
+        ),
+        (&Method::GET, p) if state.metrics_path.as_deref() == Some(p) => {
+            (Route::Local, Ok(metrics_response(&state.metrics)))
         }
-        (_, p) if p == "/v1" || p.starts_with("/v1/") => {
-            passthrough::forward(&state.upstream, state.max_body, request).await
-        }
-        _ => Err(ProxyError::NotFound(path.to_owned())),
+        (&Method::POST, "/v1/chat/completions") => (
+            Route::ChatCompletions,
+            chat::handle(&state.upstream, state.max_body, &state.chat, &state.metrics, request).await,
+        ),
+        (_, p) if p == "/v1" || p.starts_with("/v1/") => (
+            Route::Passthrough,
+            passthrough::forward(&state.upstream, state.max_body, &state.metrics, request).await,
+        ),
+        _ => (Route::Unknown, Err(ProxyError::NotFound(path.to_owned()))),
     }
+}
+
+/// The Prometheus text exposition.
+pub fn metrics_response(metrics: &Metrics) -> Response<ProxyBody> {
+    let mut response = Response::new(full(metrics.render()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
 }
 
 fn json(status: StatusCode, body: &'static str) -> Response<ProxyBody> {

@@ -19,6 +19,7 @@ use super::layers::{AccessLogLayer, RequestIdLayer};
 use super::routes::{AppState, Router};
 use super::upstream::{Upstream, UpstreamSetupError};
 use crate::config::Config;
+use crate::metrics::Metrics;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +47,11 @@ pub struct Server {
 impl Server {
     /// Binds `config.server.listen` and builds the upstream client; `chat` handles
     /// chat-completions requests.
-    pub async fn bind(config: &Config, chat: ChatState) -> Result<Self, ServerError> {
+    pub async fn bind(
+        config: &Config,
+        chat: ChatState,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ServerError> {
         let upstream = Upstream::new(&config.upstream)?;
         let addr = config.server.listen;
         let listener =
@@ -56,6 +61,9 @@ impl Server {
             max_body: config.server.max_body_size.0,
             ready: false.into(),
             chat,
+            metrics,
+            metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
+                .then(|| config.metrics.path.clone()),
         });
         Ok(Self { listener, state, grace: config.server.shutdown_grace })
     }

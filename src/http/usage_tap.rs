@@ -1,0 +1,210 @@
+//! Reads token usage from a chat response as it streams by, without delaying or
+//! changing a byte: from a JSON body, or from the SSE event that carries `usage`
+//! (usually the last one). Recorded once, when the body ends.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use serde_json::Value;
+
+use super::body::{BoxError, ProxyBody};
+use crate::metrics::Metrics;
+
+/// JSON bodies larger than this are not parsed for usage.
+const MAX_JSON: usize = 4 * 1024 * 1024;
+/// An SSE line longer than this is skipped.
+const MAX_LINE: usize = 1024 * 1024;
+
+/// Token usage of one response.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// `prompt_tokens`.
+    pub prompt: u64,
+    /// `completion_tokens`.
+    pub completion: u64,
+    /// `prompt_tokens_details.cached_tokens`.
+    pub cached: u64,
+}
+
+impl Usage {
+    /// Reads an OpenAI `usage` object.
+    pub fn from_value(usage: &Value) -> Option<Self> {
+        let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+        let usage = usage.as_object()?;
+        Some(Self {
+            prompt: n(usage.get("prompt_tokens")),
+            completion: n(usage.get("completion_tokens")),
+            cached: n(usage.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens"))),
+        })
+    }
+}
+
+enum Format {
+    Json(BytesMut),
+    Sse { line: BytesMut, last: Option<Usage> },
+    Ignored,
+}
+
+/// A response body that records upstream usage into metrics when it ends.
+pub struct UsageTap {
+    inner: ProxyBody,
+    format: Format,
+    metrics: Arc<Metrics>,
+    model: &'static str,
+    recorded: bool,
+}
+
+impl UsageTap {
+    /// Wraps `inner`; `content_type` and `content_encoding` decide how it is read.
+    pub fn new(
+        inner: ProxyBody,
+        content_type: Option<&str>,
+        encoded: bool,
+        metrics: Arc<Metrics>,
+        model: &'static str,
+    ) -> Self {
+        let format = match content_type.unwrap_or("") {
+            _ if encoded => Format::Ignored,
+            t if t.starts_with("text/event-stream") => Format::Sse { line: BytesMut::new(), last: None },
+            t if t.starts_with("application/json") => Format::Json(BytesMut::new()),
+            _ => Format::Ignored,
+        };
+        Self { inner, format, metrics, model, recorded: false }
+    }
+
+    fn observe(&mut self, data: &Bytes) {
+        match &mut self.format {
+            Format::Json(buf) => {
+                if buf.len() + data.len() > MAX_JSON {
+                    self.format = Format::Ignored;
+                } else {
+                    buf.extend_from_slice(data);
+                }
+            }
+            Format::Sse { line, last } => {
+                for piece in data.split_inclusive(|b| *b == b'\n') {
+                    if line.len() + piece.len() <= MAX_LINE {
+                        line.extend_from_slice(piece);
+                    }
+                    if piece.ends_with(b"\n") {
+                        if let Some(usage) = sse_usage(line) {
+                            *last = Some(usage);
+                        }
+                        line.clear();
+                    }
+                }
+            }
+            Format::Ignored => {}
+        }
+    }
+
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.recorded, true) {
+            return;
+        }
+        let usage = match &mut self.format {
+            Format::Json(buf) => serde_json::from_slice::<Value>(buf)
+                .ok()
+                .and_then(|v| v.get("usage").and_then(Usage::from_value)),
+            Format::Sse { line, last } => sse_usage(line).or(*last),
+            Format::Ignored => None,
+        };
+        if let Some(usage) = usage {
+            let counter = |kind: &str| self.metrics.upstream_usage_tokens.with_label_values(&[self.model, kind]);
+            counter("prompt").inc_by(usage.prompt);
+            counter("completion").inc_by(usage.completion);
+            counter("cached").inc_by(usage.cached);
+        }
+    }
+}
+
+/// Usage in one SSE line `data: {...}`, if it carries any.
+fn sse_usage(line: &[u8]) -> Option<Usage> {
+    let payload = line.strip_prefix(b"data:")?;
+    // Cheap filter first: most chunks carry no usage.
+    if !payload.windows(7).any(|w| w == b"\"usage\"") {
+        return None;
+    }
+    let value: Value = serde_json::from_slice(payload.trim_ascii()).ok()?;
+    value.get("usage").and_then(Usage::from_value)
+}
+
+impl Body for UsageTap {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    self.observe(&data);
+                }
+            }
+            Poll::Ready(None) => self.finish(),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::http::body::full;
+
+    async fn usage_of(content_type: &str, chunks: &[&str]) -> String {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let stream = futures_util::stream::iter(
+            chunks.iter().map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from(c.to_string())))).collect::<Vec<_>>(),
+        );
+        let body = http_body_util::StreamBody::new(stream).boxed_unsync();
+        let tap = UsageTap::new(body, Some(content_type), false, metrics.clone(), "gpt-4o");
+        let bytes = tap.collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, chunks.concat(), "bytes pass unchanged");
+        String::from_utf8(metrics.render()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn reads_usage_from_json_split_across_frames() {
+        let text = usage_of("application/json", &[r#"{"choices":[],"usage":{"prompt_"#, r#"tokens":120,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":64}}}"#]).await;
+        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 120"#), "{text}");
+        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="cached",model="gpt-4o"} 64"#));
+        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="completion",model="gpt-4o"} 7"#));
+    }
+
+    #[tokio::test]
+    async fn reads_usage_from_the_final_sse_chunk() {
+        let text = usage_of(
+            "text/event-stream",
+            &["data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", "data: {\"choices\":[],\"us", "age\":{\"prompt_tokens\":50,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n"],
+        )
+        .await;
+        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 50"#), "{text}");
+    }
+
+    #[tokio::test]
+    async fn other_bodies_are_ignored() {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let tap = UsageTap::new(full("plain"), Some("text/plain"), false, metrics.clone(), "other");
+        assert_eq!(tap.collect().await.unwrap().to_bytes(), "plain");
+        assert!(!String::from_utf8(metrics.render()).unwrap().contains("upstream_usage_tokens_total{"));
+    }
+}

@@ -1,0 +1,225 @@
+//! Prometheus metrics: one [`Metrics`] struct created at start-up, every name and help
+//! text in this file, labels bounded by construction (typed label enums, normalised model
+//! names; never sessions, tenants, paths with ids or prompt text).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Routes as metric labels (never raw paths).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// Any other `/v1/` request, forwarded as is.
+    Passthrough,
+    /// `/healthz`, `/readyz`, `/metrics`.
+    Local,
+    /// Anything else (404).
+    Unknown,
+}
+
+impl Route {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chat_completions",
+            Self::Passthrough => "passthrough",
+            Self::Local => "local",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// `1xx`..`5xx` for a status code.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Model families reported as themselves; everything else is `other`.
+const MODEL_FAMILIES: [&str; 24] = [
+    "gpt-4o-mini",
+    "gpt-4o",
+    "gpt-4.1-nano",
+    "gpt-4.1-mini",
+    "gpt-4.1",
+    "gpt-4-turbo",
+    "gpt-4",
+    "gpt-3.5-turbo",
+    "gpt-5-nano",
+    "gpt-5-mini",
+    "gpt-5",
+    "gpt-oss",
+    "o1-mini",
+    "o1",
+    "o3-mini",
+    "o3",
+    "o4-mini",
+    "claude",
+    "gemini",
+    "llama",
+    "mistral",
+    "qwen",
+    "deepseek",
+    "grok",
+];
+
+/// Maps a model name onto a bounded set: its family (longest known prefix, after any
+/// `provider/` part), or `other`.
+pub fn model_label(model: &str) -> &'static str {
+    let name = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
+    let name = name.strip_prefix("anthropic.").unwrap_or(&name);
+    MODEL_FAMILIES
+        .iter()
+        .filter(|family| {
+            name.starts_with(*family)
+                && name[family.len()..].chars().next().is_none_or(|c| !c.is_ascii_alphanumeric() || family.len() > 4)
+        })
+        .max_by_key(|family| family.len())
+        .copied()
+        .unwrap_or("other")
+}
+
+/// Every metric foldgate exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by route and status class.
+    pub requests: IntCounterVec,
+    /// Chat requests by outcome (`passthrough`, `compacted`, `observed`, `failed_open`).
+    pub chat_requests: IntCounterVec,
+    /// Prompt tokens of chat requests as received, by model.
+    pub prompt_tokens_before: IntCounterVec,
+    /// Prompt tokens of chat requests as forwarded, by model.
+    pub prompt_tokens_after: IntCounterVec,
+    /// Prompt tokens removed by compaction (before − after), by model.
+    pub tokens_saved: IntCounterVec,
+    /// Forwarded / original prompt tokens of compacted requests.
+    pub compaction_ratio: Histogram,
+    /// Compactions by highest tier applied and outcome.
+    pub compactions: IntCounterVec,
+    /// Summarizer call duration, by summarizer.
+    pub summarizer_duration: HistogramVec,
+    /// Summarizer failures by reason.
+    pub summarizer_failures: IntCounterVec,
+    /// Share of a fold's artifacts the digest contained before any were appended.
+    pub artifact_recall: Histogram,
+    /// Time from sending upstream to response headers, by route.
+    pub upstream_ttfb: HistogramVec,
+    /// Time spent before the upstream send (reading, compacting), by route.
+    pub proxy_overhead: HistogramVec,
+    /// Usage reported by the upstream, by model and kind (`prompt`, `completion`, `cached`).
+    pub upstream_usage_tokens: IntCounterVec,
+    /// Conversations held by the session store.
+    pub active_sessions: IntGauge,
+    /// Session store failures by operation (`load`, `save`).
+    pub store_errors: IntCounterVec,
+    /// Retries after a context-length error, by result (`retried`, `nothing_to_compact`).
+    pub overflow_retries: IntCounterVec,
+}
+
+/// Metric creation failed (a programming error: duplicate or invalid names).
+#[derive(Debug, thiserror::Error)]
+#[error("metrics: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+const LATENCY_BUCKETS: [f64; 14] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const SLOW_BUCKETS: [f64; 12] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
+const RATIO_BUCKETS: [f64; 11] = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, MetricsError> {
+            let c = IntCounterVec::new(Opts::new(format!("foldgate_{name}"), help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| -> Result<HistogramVec, MetricsError> {
+            let opts = HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
+            let h = HistogramVec::new(opts, labels)?;
+            registry.register(Box::new(h.clone()))?;
+            Ok(h)
+        };
+        let plain_histogram = |name: &str, help: &str, buckets: &[f64]| -> Result<Histogram, MetricsError> {
+            let opts = HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
+            let h = Histogram::with_opts(opts)?;
+            registry.register(Box::new(h.clone()))?;
+            Ok(h)
+        };
+        let active_sessions = IntGauge::new("foldgate_active_sessions", "Conversations held by the session store.")?;
+        registry.register(Box::new(active_sessions.clone()))?;
+        Ok(Self {
+            requests: counter("requests_total", "Requests by route and status class.", &["route", "status_class"])?,
+            chat_requests: counter("chat_requests_total", "Chat requests by outcome.", &["outcome"])?,
+            prompt_tokens_before: counter("prompt_tokens_before_total", "Prompt tokens of chat requests as received.", &["model"])?,
+            prompt_tokens_after: counter("prompt_tokens_after_total", "Prompt tokens of chat requests as forwarded.", &["model"])?,
+            tokens_saved: counter("tokens_saved_total", "Prompt tokens removed by compaction (before minus after).", &["model"])?,
+            compaction_ratio: plain_histogram("compaction_ratio", "Forwarded over original prompt tokens of compacted requests.", &RATIO_BUCKETS)?,
+            compactions: counter("compactions_total", "Compactions by highest tier applied and outcome.", &["tier", "outcome"])?,
+            summarizer_duration: histogram("summarizer_duration_seconds", "Duration of summarizer calls.", &["summarizer"], &SLOW_BUCKETS)?,
+            summarizer_failures: counter("summarizer_failures_total", "Summarizer failures by reason.", &["reason"])?,
+            artifact_recall: plain_histogram("artifact_recall", "Share of a fold's artifacts found in its digest before missing ones were appended.", &RATIO_BUCKETS)?,
+            upstream_ttfb: histogram("upstream_ttfb_seconds", "Time from the upstream send to its response headers.", &["route"], &SLOW_BUCKETS)?,
+            proxy_overhead: histogram("proxy_overhead_seconds", "Time spent before the upstream send (reading, compacting).", &["route"], &LATENCY_BUCKETS)?,
+            upstream_usage_tokens: counter("upstream_usage_tokens_total", "Token usage reported by the upstream.", &["model", "kind"])?,
+            active_sessions,
+            store_errors: counter("session_store_errors_total", "Session store failures by operation.", &["op"])?,
+            overflow_retries: counter("overflow_retries_total", "Retries after a context-length error, by result.", &["result"])?,
+            registry,
+        })
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "cannot render metrics");
+        }
+        out
+    }
+
+    /// Counts one finished request.
+    pub fn request(&self, route: Route, status: u16) {
+        self.requests.with_label_values(&[route.as_str(), status_class(status)]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_are_normalised_into_a_bounded_set() {
+        assert_eq!(model_label("gpt-4o-2024-08-06"), "gpt-4o");
+        assert_eq!(model_label("gpt-4o-mini"), "gpt-4o-mini");
+        assert_eq!(model_label("openai/gpt-4.1-mini"), "gpt-4.1-mini");
+        assert_eq!(model_label("gpt-4.1"), "gpt-4.1");
+        assert_eq!(model_label("o3"), "o3");
+        assert_eq!(model_label("o3-mini-high"), "o3-mini");
+        assert_eq!(model_label("claude-3-5-sonnet-20241022"), "claude");
+        assert_eq!(model_label("anthropic/claude-opus-4"), "claude");
+        assert_eq!(model_label("gpt-5"), "gpt-5");
+        assert_eq!(model_label("o1x"), "other");
+        assert_eq!(model_label("my-finetune-123"), "other");
+        assert_eq!(model_label(""), "other");
+    }
+
+    #[test]
+    fn renders_registered_metrics() {
+        let m = Metrics::new().unwrap();
+        m.request(Route::ChatCompletions, 200);
+        m.chat_requests.with_label_values(&["compacted"]).inc();
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("foldgate_requests_total{route=\"chat_completions\",status_class=\"2xx\"} 1"));
+        assert!(text.contains("foldgate_chat_requests_total{outcome=\"compacted\"} 1"));
+    }
+}
