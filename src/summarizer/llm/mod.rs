@@ -12,16 +12,17 @@
 
 mod breaker;
 mod client;
+mod credential;
 pub mod prompt;
+mod stats;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use http::Uri;
-use http::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
+use http::header::{AUTHORIZATION, HeaderName, HeaderValue};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -29,6 +30,9 @@ pub use breaker::CircuitState;
 use breaker::{Breaker, Outcome};
 use client::JsonClient;
 pub use client::SUMMARY_HEADER;
+pub use credential::Credential;
+use stats::Counters;
+pub use stats::LlmStats;
 
 use super::{FailureReason, Summarizer, SummarizerError, SummaryInput};
 use crate::config::{SummarizerConfig, UpstreamConfig};
@@ -46,89 +50,6 @@ pub enum LlmSetupError {
     /// `summarizer.api_key` cannot be sent in a header (the value is not shown).
     #[error("summarizer.api_key: not a valid header value")]
     ApiKey,
-}
-
-const API_KEY: HeaderName = HeaderName::from_static("api-key");
-
-/// A client's credential as it sent it: the header (`authorization` or `api-key`) and
-/// its value. The value never prints.
-#[derive(Clone)]
-pub struct Credential {
-    name: HeaderName,
-    value: HeaderValue,
-}
-
-impl Credential {
-    /// The request's `Authorization` header, else its `api-key` header.
-    pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
-        [AUTHORIZATION, API_KEY].into_iter().find_map(|name| {
-            let value = headers.get(&name).filter(|v| !v.is_empty())?.clone();
-            Some(Self::new(name, value))
-        })
-    }
-
-    fn new(name: HeaderName, mut value: HeaderValue) -> Self {
-        value.set_sensitive(true);
-        Self { name, value }
-    }
-
-    /// An `Authorization` credential (e.g. `Bearer sk-…`).
-    pub fn authorization(value: HeaderValue) -> Self {
-        Self::new(AUTHORIZATION, value)
-    }
-
-    /// An `api-key` credential (Azure style).
-    pub fn api_key(value: HeaderValue) -> Self {
-        Self::new(API_KEY, value)
-    }
-
-    /// The header it is sent in.
-    pub fn header_name(&self) -> &HeaderName {
-        &self.name
-    }
-}
-
-impl fmt::Debug for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credential")
-            .field("header", &self.name)
-            .field("value", &"********")
-            .finish()
-    }
-}
-
-/// Counters of the LLM summarizer (a snapshot), for metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LlmStats {
-    /// Calls to `summarize`, circuit-open ones included.
-    pub calls: u64,
-    /// Calls that returned a digest.
-    pub successes: u64,
-    failures: [u64; FailureReason::ALL.len()],
-    /// Time spent in calls, summed (divide by `calls` for the mean).
-    pub total_duration: Duration,
-    /// The breaker's state when the snapshot was taken.
-    pub circuit: CircuitState,
-}
-
-impl LlmStats {
-    /// Failed calls with `reason`.
-    pub fn failures(&self, reason: FailureReason) -> u64 {
-        self.failures[reason.index()]
-    }
-
-    /// Failed calls, all reasons.
-    pub fn total_failures(&self) -> u64 {
-        self.failures.iter().sum()
-    }
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    calls: AtomicU64,
-    successes: AtomicU64,
-    failures: [AtomicU64; FailureReason::ALL.len()],
-    micros: AtomicU64,
 }
 
 /// The shared LLM summarizer: endpoint, pooled client, limits, breaker and counters.
@@ -213,15 +134,7 @@ impl LlmSummarizer {
 
     /// A snapshot of the counters (cheap: a few atomic loads).
     pub fn stats(&self) -> LlmStats {
-        let c = &self.counters;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        LlmStats {
-            calls: load(&c.calls),
-            successes: load(&c.successes),
-            failures: std::array::from_fn(|i| load(&c.failures[i])),
-            total_duration: Duration::from_micros(load(&c.micros)),
-            circuit: self.breaker.state(Instant::now()),
-        }
+        self.counters.snapshot(self.breaker.state(Instant::now()))
     }
 
     async fn summarize(
@@ -231,11 +144,10 @@ impl LlmSummarizer {
         input: SummaryInput<'_>,
     ) -> Result<String, SummarizerError> {
         let started = Instant::now();
-        self.counters.calls.fetch_add(1, Ordering::Relaxed);
         let result = if self.breaker.admit(started) {
             let auth = match (&self.api_key, credential) {
                 (Some(key), _) => Some((&AUTHORIZATION, key)),
-                (None, Some(c)) => Some((&c.name, &c.value)),
+                (None, Some(c)) => Some(c.header()),
                 (None, None) => None,
             };
             let call = self.call(auth, model, input);
@@ -258,17 +170,17 @@ impl LlmSummarizer {
             Err(SummarizerError::CircuitOpen)
         };
         let elapsed = started.elapsed();
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.counters.micros.fetch_add(micros, Ordering::Relaxed);
         let elapsed_ms = elapsed.as_millis();
         match &result {
             Ok(_) => {
-                self.counters.successes.fetch_add(1, Ordering::Relaxed);
+                self.counters.record(elapsed, None);
                 tracing::debug!(elapsed_ms, "summarizer call succeeded");
             }
             Err(e) => {
+                // Only `Failed` has no reason; this summarizer makes it for an
+                // unserializable request, which is a broken request too.
                 let reason = e.reason().unwrap_or(FailureReason::InvalidResponse);
-                self.counters.failures[reason.index()].fetch_add(1, Ordering::Relaxed);
+                self.counters.record(elapsed, Some(reason));
                 let status = match e {
                     SummarizerError::Status { status, .. } => Some(*status),
                     _ => None,
@@ -376,20 +288,6 @@ mod tests {
             let e = digest_from(bad).unwrap_err();
             assert_eq!(e.reason(), Some(FailureReason::InvalidResponse), "{e}");
         }
-    }
-
-    #[test]
-    fn credential_prefers_authorization_and_never_prints() {
-        let mut h = HeaderMap::new();
-        h.insert("api-key", HeaderValue::from_static("azure-secret"));
-        let c = Credential::from_headers(&h).unwrap();
-        assert_eq!(c.header_name().as_str(), "api-key");
-        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer sk-secret"));
-        let c = Credential::from_headers(&h).unwrap();
-        assert_eq!(c.header_name(), AUTHORIZATION);
-        let shown = format!("{c:?}");
-        assert!(!shown.contains("secret"), "{shown}");
-        assert!(Credential::from_headers(&HeaderMap::new()).is_none());
     }
 
     #[test]
