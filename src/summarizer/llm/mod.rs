@@ -241,7 +241,9 @@ fn digest_from(answer: &[u8]) -> Result<String, SummarizerError> {
     Ok(digest.to_owned())
 }
 
-/// The LLM summarizer bound to one request's credential and model.
+/// The LLM summarizer bound to one request's credential and model. Owns what it needs,
+/// so it can move into a background (prefetch) task.
+#[derive(Clone)]
 pub struct BoundSummarizer {
     inner: Arc<LlmSummarizer>,
     credential: Option<Credential>,

@@ -17,7 +17,7 @@ use crate::summarizer::SummaryInput;
 /// Characters per token assumed when sizing the prompt.
 pub const CHARS_PER_TOKEN: usize = 4;
 /// No text is cut shorter than this many characters (head and tail together).
-const MIN_KEEP_CHARS: usize = 160;
+const MIN_KEEP_CHARS: usize = 64;
 
 /// The system message.
 pub const SYSTEM_PROMPT: &str = "\
@@ -184,9 +184,13 @@ fn cut_marker(removed: usize) -> String {
     format!("\n[… {removed} characters cut …]\n")
 }
 
-/// Length of `len` characters cut to `keep`, marker included.
+/// Length of a text of `len` characters cut to `keep`, marker included; a text is cut
+/// only when that makes it shorter.
 fn cut_len(len: usize, keep: usize) -> usize {
-    if len <= keep { len } else { keep + cut_marker(len - keep).chars().count() }
+    if len <= keep {
+        return len;
+    }
+    len.min(keep + cut_marker(len - keep).chars().count())
 }
 
 /// Shortens the longest texts in their middle until everything fits `budget` characters
@@ -221,10 +225,11 @@ fn fit(parts: &mut [Part], budget: usize) {
     }
 }
 
-/// `s` with its middle removed so that `keep` characters remain, or `None` if it fits.
+/// `s` with its middle removed so that `keep` characters remain, or `None` if that
+/// would not make it shorter.
 fn cut_middle(s: &str, keep: usize) -> Option<String> {
     let len = s.chars().count();
-    if len <= keep {
+    if cut_len(len, keep) >= len {
         return None;
     }
     let head = keep - keep / 2;
@@ -328,12 +333,30 @@ mod tests {
     }
 
     #[test]
+    fn many_long_messages_share_the_budget() {
+        let v: Vec<Value> = (0..100)
+            .map(|i| {
+                let role = if i % 10 == 0 { "user" } else { "assistant" };
+                json!({"role": role, "content": format!("msg{i} {}", "w ".repeat(1000))})
+            })
+            .collect();
+        let m = msgs(Value::Array(v));
+        let p = user_prompt(&input(&m, None), 6_000);
+        assert!(p.chars().count() <= 6_000 * CHARS_PER_TOKEN, "{}", p.chars().count());
+        for i in 0..100 {
+            assert!(p.contains(&format!("msg{i} ")), "head of message {i} kept");
+        }
+    }
+
+    #[test]
     fn cut_middle_counts_removed_characters_and_respects_char_boundaries() {
         let s = "é".repeat(1000);
         let cut = cut_middle(&s, 200).unwrap();
         assert!(cut.contains("[… 800 characters cut …]"));
         assert_eq!(cut.chars().filter(|&c| c == 'é').count(), 200);
         assert!(cut_middle("short", 200).is_none());
+        // Cutting a few characters would add a longer marker: left as it is.
+        assert!(cut_middle(&"z".repeat(210), 200).is_none());
     }
 
     #[test]
