@@ -2,10 +2,12 @@
 //!
 //! The engine calls a [`Summarizer`] once per new fold block. [`ExtractiveSummarizer`]
 //! builds the digest without a model; it is also the engine's fallback when another
-//! summarizer fails. [`artifacts`] extracts the exact strings a digest must keep.
+//! summarizer fails. [`llm`] asks a model for the digest. [`artifacts`] extracts the exact
+//! strings a digest must keep.
 
 pub mod artifacts;
 pub mod extractive;
+pub mod llm;
 
 use std::sync::Arc;
 
@@ -15,15 +17,95 @@ pub use extractive::ExtractiveSummarizer;
 
 use crate::model::Message;
 
-/// Errors of a summarizer.
+/// Errors of a summarizer. On any of them the engine uses the extractive digest.
 #[derive(Debug, thiserror::Error)]
 pub enum SummarizerError {
     /// The summarizer did not answer in time.
     #[error("summarizer timed out")]
     Timeout,
-    /// The summarizer failed.
+    /// The summarizer failed (unclassified).
     #[error("summarizer failed: {0}")]
     Failed(String),
+    /// The model path kept failing and is skipped until its cooldown ends; no call made.
+    #[error("summarizer circuit open: model path skipped during its cooldown")]
+    CircuitOpen,
+    /// The model endpoint answered with a non-2xx status.
+    #[error("summarizer upstream answered {status}{}", code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default())]
+    Status {
+        /// The HTTP status code.
+        status: u16,
+        /// The OpenAI error `code` or `type`, when the body has a short one.
+        code: Option<String>,
+    },
+    /// The call could not be made or its answer not read (connect, TLS, I/O).
+    #[error("summarizer transport error: {0}")]
+    Transport(String),
+    /// The model answered 2xx with something that is not a usable digest.
+    #[error("summarizer answer unusable: {0}")]
+    InvalidResponse(String),
+}
+
+impl SummarizerError {
+    /// The bounded failure reason (a metric label); `None` for an unclassified `Failed`.
+    pub fn reason(&self) -> Option<FailureReason> {
+        match self {
+            Self::Timeout => Some(FailureReason::Timeout),
+            Self::Failed(_) => None,
+            Self::CircuitOpen => Some(FailureReason::CircuitOpen),
+            Self::Status { .. } => Some(FailureReason::Status),
+            Self::Transport(_) => Some(FailureReason::Transport),
+            Self::InvalidResponse(_) => Some(FailureReason::InvalidResponse),
+        }
+    }
+}
+
+/// Why a summarizer call failed: a small closed set, usable as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// The call (including the wait for a concurrency permit) exceeded its timeout.
+    Timeout,
+    /// The model endpoint answered with a non-2xx status.
+    Status,
+    /// Connect, TLS or I/O error.
+    Transport,
+    /// A 2xx answer without usable digest text.
+    InvalidResponse,
+    /// The circuit breaker is open; no call was made.
+    CircuitOpen,
+}
+
+impl FailureReason {
+    /// Every reason, in a fixed order (for counters and metric registration).
+    pub const ALL: [Self; 5] =
+        [Self::Timeout, Self::Status, Self::Transport, Self::InvalidResponse, Self::CircuitOpen];
+
+    /// The label: `timeout`, `status`, `transport`, `invalid_response`, `circuit_open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Status => "status",
+            Self::Transport => "transport",
+            Self::InvalidResponse => "invalid_response",
+            Self::CircuitOpen => "circuit_open",
+        }
+    }
+
+    /// Position in [`FailureReason::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Self::Timeout => 0,
+            Self::Status => 1,
+            Self::Transport => 2,
+            Self::InvalidResponse => 3,
+            Self::CircuitOpen => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl SummarizerError {
