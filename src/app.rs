@@ -14,6 +14,7 @@ use crate::http::chat::{ChatState, Summarizers};
 use crate::http::server::ServerError;
 use crate::metrics::Metrics;
 use crate::session::{MemoryStore, SessionStore};
+use crate::summarizer::llm::LlmSummarizer;
 
 /// Why the proxy could not be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,9 @@ pub enum AppError {
     /// Metrics could not be registered.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    /// The LLM summarizer could not be built.
+    #[error(transparent)]
+    Summarizer(#[from] crate::summarizer::llm::LlmSetupError),
     /// `session.header` is not a header name.
     #[error("session.header: {0}")]
     SessionHeader(String),
@@ -34,7 +38,10 @@ pub async fn build_server(config: &Config) -> Result<Server, AppError> {
     let store: Arc<dyn SessionStore<SessionState>> =
         Arc::new(MemoryStore::new(config.session.ttl, config.session.max_sessions));
     let summarizers = match config.summarizer.kind {
-        SummarizerKind::Extractive | SummarizerKind::Llm => Summarizers::Extractive,
+        SummarizerKind::Extractive => Summarizers::Extractive,
+        SummarizerKind::Llm => {
+            Summarizers::Llm(LlmSummarizer::new(&config.summarizer, &config.upstream)?)
+        }
     };
     let session_header = HeaderName::from_bytes(config.session.header.as_bytes())
         .map_err(|e| AppError::SessionHeader(e.to_string()))?;

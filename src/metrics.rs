@@ -80,7 +80,10 @@ pub fn model_label(model: &str) -> &'static str {
         .iter()
         .filter(|family| {
             name.starts_with(*family)
-                && name[family.len()..].chars().next().is_none_or(|c| !c.is_ascii_alphanumeric() || family.len() > 4)
+                && name[family.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|c| !c.is_ascii_alphanumeric() || family.len() > 4)
         })
         .max_by_key(|family| family.len())
         .copied()
@@ -131,49 +134,122 @@ pub struct MetricsError(#[from] prometheus::Error);
 
 const LATENCY_BUCKETS: [f64; 14] =
     [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-const SLOW_BUCKETS: [f64; 12] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
+const SLOW_BUCKETS: [f64; 12] =
+    [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
 const RATIO_BUCKETS: [f64; 11] = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Result<Self, MetricsError> {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, MetricsError> {
-            let c = IntCounterVec::new(Opts::new(format!("foldgate_{name}"), help), labels)?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| -> Result<HistogramVec, MetricsError> {
-            let opts = HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, MetricsError> {
+                let c = IntCounterVec::new(Opts::new(format!("foldgate_{name}"), help), labels)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let histogram = |name: &str,
+                         help: &str,
+                         labels: &[&str],
+                         buckets: &[f64]|
+         -> Result<HistogramVec, MetricsError> {
+            let opts =
+                HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
             let h = HistogramVec::new(opts, labels)?;
             registry.register(Box::new(h.clone()))?;
             Ok(h)
         };
-        let plain_histogram = |name: &str, help: &str, buckets: &[f64]| -> Result<Histogram, MetricsError> {
-            let opts = HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
-            let h = Histogram::with_opts(opts)?;
-            registry.register(Box::new(h.clone()))?;
-            Ok(h)
-        };
-        let active_sessions = IntGauge::new("foldgate_active_sessions", "Conversations held by the session store.")?;
+        let plain_histogram =
+            |name: &str, help: &str, buckets: &[f64]| -> Result<Histogram, MetricsError> {
+                let opts =
+                    HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
+                let h = Histogram::with_opts(opts)?;
+                registry.register(Box::new(h.clone()))?;
+                Ok(h)
+            };
+        let active_sessions =
+            IntGauge::new("foldgate_active_sessions", "Conversations held by the session store.")?;
         registry.register(Box::new(active_sessions.clone()))?;
         Ok(Self {
-            requests: counter("requests_total", "Requests by route and status class.", &["route", "status_class"])?,
-            chat_requests: counter("chat_requests_total", "Chat requests by outcome.", &["outcome"])?,
-            prompt_tokens_before: counter("prompt_tokens_before_total", "Prompt tokens of chat requests as received.", &["model"])?,
-            prompt_tokens_after: counter("prompt_tokens_after_total", "Prompt tokens of chat requests as forwarded.", &["model"])?,
-            tokens_saved: counter("tokens_saved_total", "Prompt tokens removed by compaction (before minus after).", &["model"])?,
-            compaction_ratio: plain_histogram("compaction_ratio", "Forwarded over original prompt tokens of compacted requests.", &RATIO_BUCKETS)?,
-            compactions: counter("compactions_total", "Compactions by highest tier applied and outcome.", &["tier", "outcome"])?,
-            summarizer_duration: histogram("summarizer_duration_seconds", "Duration of summarizer calls.", &["summarizer"], &SLOW_BUCKETS)?,
-            summarizer_failures: counter("summarizer_failures_total", "Summarizer failures by reason.", &["reason"])?,
-            artifact_recall: plain_histogram("artifact_recall", "Share of a fold's artifacts found in its digest before missing ones were appended.", &RATIO_BUCKETS)?,
-            upstream_ttfb: histogram("upstream_ttfb_seconds", "Time from the upstream send to its response headers.", &["route"], &SLOW_BUCKETS)?,
-            proxy_overhead: histogram("proxy_overhead_seconds", "Time spent before the upstream send (reading, compacting).", &["route"], &LATENCY_BUCKETS)?,
-            upstream_usage_tokens: counter("upstream_usage_tokens_total", "Token usage reported by the upstream.", &["model", "kind"])?,
+            requests: counter(
+                "requests_total",
+                "Requests by route and status class.",
+                &["route", "status_class"],
+            )?,
+            chat_requests: counter(
+                "chat_requests_total",
+                "Chat requests by outcome.",
+                &["outcome"],
+            )?,
+            prompt_tokens_before: counter(
+                "prompt_tokens_before_total",
+                "Prompt tokens of chat requests as received.",
+                &["model"],
+            )?,
+            prompt_tokens_after: counter(
+                "prompt_tokens_after_total",
+                "Prompt tokens of chat requests as forwarded.",
+                &["model"],
+            )?,
+            tokens_saved: counter(
+                "tokens_saved_total",
+                "Prompt tokens removed by compaction (before minus after).",
+                &["model"],
+            )?,
+            compaction_ratio: plain_histogram(
+                "compaction_ratio",
+                "Forwarded over original prompt tokens of compacted requests.",
+                &RATIO_BUCKETS,
+            )?,
+            compactions: counter(
+                "compactions_total",
+                "Compactions by highest tier applied and outcome.",
+                &["tier", "outcome"],
+            )?,
+            summarizer_duration: histogram(
+                "summarizer_duration_seconds",
+                "Duration of summarizer calls.",
+                &["summarizer"],
+                &SLOW_BUCKETS,
+            )?,
+            summarizer_failures: counter(
+                "summarizer_failures_total",
+                "Summarizer failures by reason.",
+                &["reason"],
+            )?,
+            artifact_recall: plain_histogram(
+                "artifact_recall",
+                "Share of a fold's artifacts found in its digest before missing ones were appended.",
+                &RATIO_BUCKETS,
+            )?,
+            upstream_ttfb: histogram(
+                "upstream_ttfb_seconds",
+                "Time from the upstream send to its response headers.",
+                &["route"],
+                &SLOW_BUCKETS,
+            )?,
+            proxy_overhead: histogram(
+                "proxy_overhead_seconds",
+                "Time spent before the upstream send (reading, compacting).",
+                &["route"],
+                &LATENCY_BUCKETS,
+            )?,
+            upstream_usage_tokens: counter(
+                "upstream_usage_tokens_total",
+                "Token usage reported by the upstream.",
+                &["model", "kind"],
+            )?,
             active_sessions,
-            store_errors: counter("session_store_errors_total", "Session store failures by operation.", &["op"])?,
-            overflow_retries: counter("overflow_retries_total", "Retries after a context-length error, by result.", &["result"])?,
+            store_errors: counter(
+                "session_store_errors_total",
+                "Session store failures by operation.",
+                &["op"],
+            )?,
+            overflow_retries: counter(
+                "overflow_retries_total",
+                "Retries after a context-length error, by result.",
+                &["result"],
+            )?,
             registry,
         })
     }
@@ -219,7 +295,9 @@ mod tests {
         m.request(Route::ChatCompletions, 200);
         m.chat_requests.with_label_values(&["compacted"]).inc();
         let text = String::from_utf8(m.render()).unwrap();
-        assert!(text.contains("foldgate_requests_total{route=\"chat_completions\",status_class=\"2xx\"} 1"));
+        assert!(text.contains(
+            "foldgate_requests_total{route=\"chat_completions\",status_class=\"2xx\"} 1"
+        ));
         assert!(text.contains("foldgate_chat_requests_total{outcome=\"compacted\"} 1"));
     }
 }

@@ -21,7 +21,8 @@ const WINDOW: usize = 12_000;
 fn chat_config(upstream: &str) -> Config {
     let mut config = config_for(upstream);
     config.compaction.max_context_tokens = Some(WINDOW);
-    config.summarizer.kind = SummarizerKind::Extractive;
+    config.summarizer.kind = SummarizerKind::Llm;
+    config.summarizer.timeout = std::time::Duration::from_secs(5);
     config
 }
 
@@ -120,6 +121,62 @@ async fn a_growing_conversation_is_compacted_validly_and_cache_stably() {
         .collect();
     assert!(digests.len() >= 2, "several folds happened");
     assert!(digests.iter().all(|d| d.contains(DIGEST_MARKER)));
+    assert!(digests.iter().all(|d| d.contains("I read the modules")), "the model wrote them");
+    assert_eq!(
+        stats.summaries.load(Ordering::SeqCst),
+        digests.len(),
+        "one summarizer call per fold, not per request"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_falls_back_to_an_extractive_digest() {
+    let chats = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = chats.clone();
+    let mock = MockUpstream::start(Arc::new(move |rec: Recorded| {
+        let counter = counter.clone();
+        Box::pin(async move {
+            if rec.headers.contains_key("x-foldgate-summary") {
+                return response(503, r#"{"error":{"message":"overloaded","code":"overloaded"}}"#);
+            }
+            counter.fetch_add(1, Ordering::SeqCst);
+            response(200, COMPLETION)
+        })
+    }))
+    .await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let body = requests(&conversation(30, 0), &[]).pop().unwrap();
+    let (status, headers, answer) = send(chat_request(&proxy, body, "Bearer k", "s")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer, COMPLETION.as_bytes());
+    assert_eq!(header(&headers, "x-foldgate-outcome"), "compacted");
+    let sent = forwarded(&mock).pop().unwrap();
+    let request = ChatRequest::parse(&sent).unwrap();
+    let digest = request.messages().iter().find(|m| m.is_digest()).expect("a digest").text();
+    assert!(digest.contains("src/module_"), "the extractive digest names the files read: {digest}");
+}
+
+#[tokio::test]
+async fn a_concurrent_burst_on_one_session_summarizes_each_range_once() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats.clone())).await;
+    let proxy = Arc::new(Proxy::start(chat_config(&mock.url())).await);
+    let body = requests(&conversation(30, 0), &[]).pop().unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let (proxy, body) = (proxy.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let (status, headers, _) = send(chat_request(&proxy, body, "Bearer k", "burst")).await;
+            assert_eq!(status, StatusCode::OK);
+            header(&headers, "x-foldgate-outcome")
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), "compacted");
+    }
+    assert_eq!(stats.summaries.load(Ordering::SeqCst), 1, "one summary for the one range");
+    let distinct: std::collections::BTreeSet<Bytes> = forwarded(&mock).into_iter().collect();
+    assert_eq!(distinct.len(), 1, "every request forwarded the same compacted body");
 }
 
 #[tokio::test]
@@ -185,6 +242,7 @@ async fn context_overflow_is_retried_once_with_a_deeper_compaction() {
     }))
     .await;
     let mut config = chat_config(&mock.url());
+    config.summarizer.kind = SummarizerKind::Extractive; // the mock counts chat calls only
     config.compaction.max_context_tokens = Some(128_000); // far below the trigger
     let proxy = Proxy::start(config).await;
     let body = requests(&conversation(20, 0), &[]).pop().unwrap();
@@ -209,7 +267,9 @@ async fn a_persistent_overflow_is_passed_through_after_one_retry() {
         })
     }))
     .await;
-    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let mut config = chat_config(&mock.url());
+    config.summarizer.kind = SummarizerKind::Extractive; // the mock counts chat calls only
+    let proxy = Proxy::start(config).await;
     let body = requests(&conversation(20, 0), &[]).pop().unwrap();
     let (status, _, answer) = send(chat_request(&proxy, body, "Bearer k", "s")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);

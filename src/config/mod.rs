@@ -269,7 +269,10 @@ impl Config {
             return Err(("log.level", e));
         }
         if !self.metrics.path.starts_with('/') || self.metrics.path.starts_with("/v1/") {
-            return Err(("metrics.path", format!("`{}` must start with / and not be under /v1/", self.metrics.path)));
+            return Err((
+                "metrics.path",
+                format!("`{}` must start with / and not be under /v1/", self.metrics.path),
+            ));
         }
         self.session.validate()?;
         self.summarizer.validate()?;

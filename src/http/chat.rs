@@ -13,17 +13,17 @@ use hyper::body::Incoming;
 use super::body::{ProxyBody, ReadError, full, peek, read_limited};
 use super::error::ProxyError;
 use super::passthrough::{self, build_request, client_response, declared_length};
-use super::session_key::{credential, session_key};
+use super::session_key::session_key;
 use super::upstream::Upstream;
 use super::usage_tap::UsageTap;
-use crate::metrics::{Metrics, Route, model_label};
 use crate::compaction::{Options, Report};
 use crate::compactor::{ChatOutcome, Compactor, Decision};
+use crate::metrics::{Metrics, Route, model_label};
 use crate::model::ChatRequest;
-use crate::summarizer::{ExtractiveSummarizer, Summarizer, SummarizerError, SummaryInput};
-
-/// Header marking foldgate's own summarization calls; such requests are never compacted.
-pub const SUMMARY_HEADER: &str = "x-foldgate-summary";
+use crate::summarizer::llm::{Credential, LlmSummarizer, SUMMARY_HEADER};
+use crate::summarizer::{
+    ExtractiveSummarizer, FailureReason, Summarizer, SummarizerError, SummaryInput,
+};
 
 /// Error bodies larger than this are passed through without looking for an overflow.
 const OVERFLOW_PEEK_LIMIT: usize = 256 * 1024;
@@ -32,6 +32,8 @@ const OVERFLOW_PEEK_LIMIT: usize = 256 * 1024;
 pub enum Summarizers {
     /// Deterministic digests only.
     Extractive,
+    /// A model, bound per request to the client's credential.
+    Llm(Arc<LlmSummarizer>),
 }
 
 /// What the chat handler shares.
@@ -48,9 +50,11 @@ pub struct ChatState {
 
 impl ChatState {
     fn summarizer_for(&self, headers: &HeaderMap, request: &ChatRequest) -> Box<dyn Summarizer> {
-        let _ = (headers, request, credential);
         match &self.summarizers {
             Summarizers::Extractive => Box::new(ExtractiveSummarizer),
+            Summarizers::Llm(llm) => Box::new(
+                llm.bind(Credential::from_headers(headers), &request.model().unwrap_or_default()),
+            ),
         }
     }
 }
@@ -83,7 +87,8 @@ pub async fn handle(
     };
     let model = model_label(&parsed.model().unwrap_or_default());
     let key = session_key(&parts.headers, chat.session_header.as_str(), &parsed);
-    let summarizer = Timed { inner: chat.summarizer_for(&parts.headers, &parsed), metrics: metrics.clone() };
+    let summarizer =
+        Timed { inner: chat.summarizer_for(&parts.headers, &parsed), metrics: metrics.clone() };
     let decision = chat.compactor.decide(&key, &parsed, &summarizer, &Options::default()).await;
     log_decision(&decision, false);
     let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
@@ -125,7 +130,9 @@ pub async fn handle(
 fn record(metrics: &Metrics, chat: &ChatState, decision: &Decision, model: &'static str) {
     let outcome = decision.outcome.as_str();
     metrics.chat_requests.with_label_values(&[outcome]).inc();
-    metrics.active_sessions.set(i64::try_from(chat.compactor.store().active_sessions()).unwrap_or(i64::MAX));
+    metrics
+        .active_sessions
+        .set(i64::try_from(chat.compactor.store().active_sessions()).unwrap_or(i64::MAX));
     if decision.store_error {
         metrics.store_errors.with_label_values(&["access"]).inc();
     }
@@ -149,11 +156,25 @@ fn record(metrics: &Metrics, chat: &ChatState, decision: &Decision, model: &'sta
 const TIERS: [&str; 5] = ["0", "1", "2", "3", "4"];
 
 /// Wraps the chat response body so upstream usage reaches the metrics.
-fn tapped(response: Response<ProxyBody>, metrics: &Arc<Metrics>, model: &'static str) -> Response<ProxyBody> {
-    let content_type = response.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+fn tapped(
+    response: Response<ProxyBody>,
+    metrics: &Arc<Metrics>,
+    model: &'static str,
+) -> Response<ProxyBody> {
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let encoded = response.headers().contains_key(header::CONTENT_ENCODING);
     response.map(|body| {
-        http_body_util::BodyExt::boxed_unsync(UsageTap::new(body, content_type.as_deref(), encoded, metrics.clone(), model))
+        http_body_util::BodyExt::boxed_unsync(UsageTap::new(
+            body,
+            content_type.as_deref(),
+            encoded,
+            metrics.clone(),
+            model,
+        ))
     })
 }
 
@@ -177,7 +198,10 @@ impl Summarizer for Timed {
             .with_label_values(&[self.inner.name()])
             .observe(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
-            self.metrics.summarizer_failures.with_label_values(&[e.reason()]).inc();
+            self.metrics
+                .summarizer_failures
+                .with_label_values(&[e.reason().map_or("failed", FailureReason::as_str)])
+                .inc();
         }
         result
     }

@@ -71,7 +71,9 @@ async fn dispatch(
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     let path = request.uri().path();
     match (request.method(), path) {
-        (&Method::GET, "/healthz") => (Route::Local, Ok(json(StatusCode::OK, r#"{"status":"ok"}"#))),
+        (&Method::GET, "/healthz") => {
+            (Route::Local, Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)))
+        }
         (&Method::GET, "/readyz") => (
             Route::Local,
             Ok(if state.ready.load(Ordering::Acquire) {
@@ -85,7 +87,8 @@ async fn dispatch(
         }
         (&Method::POST, "/v1/chat/completions") => (
             Route::ChatCompletions,
-            chat::handle(&state.upstream, state.max_body, &state.chat, &state.metrics, request).await,
+            chat::handle(&state.upstream, state.max_body, &state.chat, &state.metrics, request)
+                .await,
         ),
         (_, p) if p == "/v1" || p.starts_with("/v1/") => (
             Route::Passthrough,

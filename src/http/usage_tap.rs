@@ -68,7 +68,9 @@ impl UsageTap {
     ) -> Self {
         let format = match content_type.unwrap_or("") {
             _ if encoded => Format::Ignored,
-            t if t.starts_with("text/event-stream") => Format::Sse { line: BytesMut::new(), last: None },
+            t if t.starts_with("text/event-stream") => {
+                Format::Sse { line: BytesMut::new(), last: None }
+            }
             t if t.starts_with("application/json") => Format::Json(BytesMut::new()),
             _ => Format::Ignored,
         };
@@ -113,7 +115,9 @@ impl UsageTap {
             Format::Ignored => None,
         };
         if let Some(usage) = usage {
-            let counter = |kind: &str| self.metrics.upstream_usage_tokens.with_label_values(&[self.model, kind]);
+            let counter = |kind: &str| {
+                self.metrics.upstream_usage_tokens.with_label_values(&[self.model, kind])
+            };
             counter("prompt").inc_by(usage.prompt);
             counter("completion").inc_by(usage.completion);
             counter("cached").inc_by(usage.cached);
@@ -173,7 +177,10 @@ mod tests {
     async fn usage_of(content_type: &str, chunks: &[&str]) -> String {
         let metrics = Arc::new(Metrics::new().unwrap());
         let stream = futures_util::stream::iter(
-            chunks.iter().map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from(c.to_string())))).collect::<Vec<_>>(),
+            chunks
+                .iter()
+                .map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from(c.to_string()))))
+                .collect::<Vec<_>>(),
         );
         let body = http_body_util::StreamBody::new(stream).boxed_unsync();
         let tap = UsageTap::new(body, Some(content_type), false, metrics.clone(), "gpt-4o");
@@ -185,19 +192,39 @@ mod tests {
     #[tokio::test]
     async fn reads_usage_from_json_split_across_frames() {
         let text = usage_of("application/json", &[r#"{"choices":[],"usage":{"prompt_"#, r#"tokens":120,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":64}}}"#]).await;
-        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 120"#), "{text}");
-        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="cached",model="gpt-4o"} 64"#));
-        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="completion",model="gpt-4o"} 7"#));
+        assert!(
+            text.contains(
+                r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 120"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"foldgate_upstream_usage_tokens_total{kind="cached",model="gpt-4o"} 64"#
+            )
+        );
+        assert!(text.contains(
+            r#"foldgate_upstream_usage_tokens_total{kind="completion",model="gpt-4o"} 7"#
+        ));
     }
 
     #[tokio::test]
     async fn reads_usage_from_the_final_sse_chunk() {
         let text = usage_of(
             "text/event-stream",
-            &["data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", "data: {\"choices\":[],\"us", "age\":{\"prompt_tokens\":50,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n"],
+            &[
+                "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"choices\":[],\"us",
+                "age\":{\"prompt_tokens\":50,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+            ],
         )
         .await;
-        assert!(text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 50"#), "{text}");
+        assert!(
+            text.contains(
+                r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 50"#
+            ),
+            "{text}"
+        );
     }
 
     #[tokio::test]
@@ -205,6 +232,8 @@ mod tests {
         let metrics = Arc::new(Metrics::new().unwrap());
         let tap = UsageTap::new(full("plain"), Some("text/plain"), false, metrics.clone(), "other");
         assert_eq!(tap.collect().await.unwrap().to_bytes(), "plain");
-        assert!(!String::from_utf8(metrics.render()).unwrap().contains("upstream_usage_tokens_total{"));
+        assert!(
+            !String::from_utf8(metrics.render()).unwrap().contains("upstream_usage_tokens_total{")
+        );
     }
 }

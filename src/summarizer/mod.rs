@@ -108,16 +108,6 @@ impl std::fmt::Display for FailureReason {
     }
 }
 
-impl SummarizerError {
-    /// A bounded label for metrics.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Timeout => "timeout",
-            Self::Failed(_) => "failed",
-        }
-    }
-}
-
 /// What a summarizer gets for one fold region.
 #[derive(Debug, Clone, Copy)]
 pub struct SummaryInput<'a> {
