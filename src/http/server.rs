@@ -40,6 +40,8 @@ pub enum ServerError {
 /// A bound, not yet running proxy.
 pub struct Server {
     listener: TcpListener,
+    /// A separate listener for `/metrics` (`metrics.listen`) and its path.
+    metrics_listener: Option<(TcpListener, String)>,
     state: Arc<AppState>,
     grace: Duration,
 }
@@ -65,12 +67,26 @@ impl Server {
             metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
                 .then(|| config.metrics.path.clone()),
         });
-        Ok(Self { listener, state, grace: config.server.shutdown_grace })
+        let metrics_listener = match (config.metrics.enabled, config.metrics.listen) {
+            (true, Some(addr)) => Some((
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ServerError::Bind { addr, source })?,
+                config.metrics.path.clone(),
+            )),
+            _ => None,
+        };
+        Ok(Self { listener, metrics_listener, state, grace: config.server.shutdown_grace })
     }
 
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The bound address of the separate metrics listener, if configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` resolves, then stops accepting and lets in-flight
@@ -87,6 +103,9 @@ impl Server {
             .service(Router::new(self.state.clone()));
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+        let metrics_task = self.metrics_listener.map(|(listener, path)| {
+            tokio::spawn(serve_metrics(listener, path, self.state.metrics.clone()))
+        });
         let graceful = GracefulShutdown::new();
         // Connection tasks live here so that those still open after the grace period
         // are aborted even when the runtime outlives `run` (embedding, tests).
@@ -130,5 +149,35 @@ impl Server {
             ),
         }
         connections.abort_all();
+        if let Some(task) = metrics_task {
+            task.abort();
+        }
+    }
+}
+
+/// Serves `GET <path>` with the metrics on a listener of its own; 404 otherwise.
+async fn serve_metrics(listener: TcpListener, path: String, metrics: Arc<Metrics>) {
+    let path: Arc<str> = path.into();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let (path, metrics) = (path.clone(), metrics.clone());
+        let service =
+            hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                let response = if request.uri().path() == &*path {
+                    super::routes::metrics_response(&metrics)
+                } else {
+                    super::error::ProxyError::NotFound(request.uri().path().to_owned())
+                        .into_response()
+                };
+                std::future::ready(Ok::<_, std::convert::Infallible>(response))
+            });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
     }
 }

@@ -132,6 +132,8 @@ impl MockUpstream {
 /// foldgate serving in this process on 127.0.0.1:0.
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The separate metrics listener, when `metrics.listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     pub task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -141,11 +143,12 @@ impl Proxy {
         config.server.listen = "127.0.0.1:0".parse().unwrap();
         let server = foldgate::app::build_server(&config).await.unwrap();
         let addr = server.local_addr().unwrap();
+        let metrics_addr = server.metrics_addr();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
             let _ = rx.await;
         }));
-        Self { addr, shutdown: Some(tx), task: Some(task) }
+        Self { addr, metrics_addr, shutdown: Some(tx), task: Some(task) }
     }
 
     pub async fn to(upstream_url: &str) -> Self {
