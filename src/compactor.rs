@@ -64,8 +64,13 @@ impl Decision {
     }
 }
 
-/// Runs the engine per conversation with stored state.
+/// Runs the engine per conversation with stored state. Cheap to clone (shared inside).
+#[derive(Clone)]
 pub struct Compactor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     engine: Engine,
     store: Arc<dyn SessionStore<SessionState>>,
     locks: SessionLocks,
@@ -79,22 +84,74 @@ impl Compactor {
         store: Arc<dyn SessionStore<SessionState>>,
         mode: CompactionMode,
     ) -> Self {
-        Self { engine, store, locks: SessionLocks::default(), mode }
+        Self { inner: Arc::new(Inner { engine, store, locks: SessionLocks::default(), mode }) }
     }
 
     /// The engine.
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.inner.engine
     }
 
     /// The session store.
     pub fn store(&self) -> &Arc<dyn SessionStore<SessionState>> {
-        &self.store
+        &self.inner.store
     }
 
     /// Compacts `request` of session `key`. Holding the session's lock for the whole
     /// step means concurrent requests of one conversation never summarize one range twice.
+    /// Past `prefetch_ratio` the next fold is summarized in the background.
     pub async fn decide(
+        &self,
+        key: &SessionKey,
+        request: &ChatRequest,
+        summarizer: Arc<dyn Summarizer>,
+        options: &Options,
+    ) -> Decision {
+        let decision = self.inner.decide(key, request, summarizer.as_ref(), options).await;
+        if let Some(report) = &decision.report {
+            let cfg = self.engine().config();
+            let threshold = (report.budget.budget as f64 * cfg.prefetch_ratio) as usize;
+            let growing =
+                report.tokens_after > threshold && report.tokens_after <= report.budget.trigger;
+            if cfg.enabled && cfg.prefetch && growing && report.blocks_new == 0 && !options.force {
+                self.spawn_prefetch(key.clone(), request.clone(), summarizer, report.tokens_after);
+            }
+        }
+        decision
+    }
+
+    /// Summarizes the next fold in the background (see [`Engine::prefetch`]).
+    fn spawn_prefetch(
+        &self,
+        key: SessionKey,
+        request: ChatRequest,
+        summarizer: Arc<dyn Summarizer>,
+        forwarded_tokens: usize,
+    ) {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let _guard = inner.locks.lock(&key).await;
+            let Ok(loaded) = inner.store.load(&key).await else { return };
+            let mut state = loaded.unwrap_or_default();
+            let run =
+                inner.engine.prefetch(&request, &mut state, summarizer.as_ref(), forwarded_tokens);
+            match AssertUnwindSafe(run).catch_unwind().await {
+                Ok(Ok(true)) => {
+                    tracing::debug!(session = key.as_str(), "next fold summarized ahead of need");
+                    if let Err(e) = inner.store.save(&key, state).await {
+                        tracing::warn!(error = %e, "session save after prefetch failed");
+                    }
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "prefetch failed"),
+                Err(panic) => tracing::error!(error = %panic_message(&panic), "prefetch failed"),
+            }
+        });
+    }
+}
+
+impl Inner {
+    async fn decide(
         &self,
         key: &SessionKey,
         request: &ChatRequest,

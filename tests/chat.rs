@@ -122,10 +122,13 @@ async fn a_growing_conversation_is_compacted_validly_and_cache_stably() {
     assert!(digests.len() >= 2, "several folds happened");
     assert!(digests.iter().all(|d| d.contains(DIGEST_MARKER)));
     assert!(digests.iter().all(|d| d.contains("I read the modules")), "the model wrote them");
-    assert_eq!(
-        stats.summaries.load(Ordering::SeqCst),
-        digests.len(),
-        "one summarizer call per fold, not per request"
+    // One summarizer call per fold, not per request; with prefetch on, the last fold
+    // may have been summarized ahead of a request that the test never sends.
+    let calls = stats.summaries.load(Ordering::SeqCst);
+    assert!(
+        (digests.len()..=digests.len() + 1).contains(&calls),
+        "{calls} summarizer calls for {} folds",
+        digests.len()
     );
 }
 
@@ -349,4 +352,56 @@ async fn chat_bodies_over_the_limit_are_413() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(json(&answer)["error"]["code"], "request_too_large");
     assert!(mock.recorded().is_empty());
+}
+
+#[tokio::test]
+async fn with_prefetch_the_request_crossing_the_trigger_waits_for_no_summary() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats.clone())).await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let bodies = requests(&conversation(40, 4), &[]);
+    let mut crossing = None;
+    for (i, body) in bodies.iter().enumerate() {
+        // Let a background prefetch started by the previous request finish.
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        let calls_before = stats.summaries.load(Ordering::SeqCst);
+        let (status, headers, _) = send(chat_request(&proxy, body.clone(), "Bearer k", "pf")).await;
+        assert_eq!(status, StatusCode::OK);
+        if header(&headers, "x-foldgate-outcome") == "compacted" {
+            let inline = stats.summaries.load(Ordering::SeqCst) - calls_before;
+            crossing = Some((i, calls_before, inline));
+            break;
+        }
+    }
+    let (i, calls_before, inline) = crossing.expect("the conversation crossed the trigger");
+    assert!(calls_before >= 1, "request {i}: the fold was summarized ahead of need");
+    assert_eq!(inline, 0, "request {i}: the crossing request made no summarizer call");
+    let sent = forwarded(&mock).pop().unwrap();
+    let digest = ChatRequest::parse(&sent)
+        .unwrap()
+        .messages()
+        .iter()
+        .find(|m| m.is_digest())
+        .unwrap()
+        .text();
+    assert!(digest.contains("I read the modules"), "the prefetched model digest was used");
+}
+
+#[tokio::test]
+async fn without_prefetch_the_crossing_request_summarizes_inline() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats.clone())).await;
+    let mut config = chat_config(&mock.url());
+    config.compaction.prefetch = false;
+    let proxy = Proxy::start(config).await;
+    for body in requests(&conversation(40, 4), &[]) {
+        let calls_before = stats.summaries.load(Ordering::SeqCst);
+        let (_, headers, _) = send(chat_request(&proxy, body, "Bearer k", "np")).await;
+        if header(&headers, "x-foldgate-outcome") == "compacted" {
+            assert_eq!(calls_before, 0);
+            assert_eq!(stats.summaries.load(Ordering::SeqCst), 1);
+            return;
+        }
+    }
+    panic!("the conversation never crossed the trigger");
 }

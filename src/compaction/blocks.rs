@@ -61,6 +61,10 @@ pub struct SessionState {
     pub blocks: Vec<FoldBlock>,
     /// Token counts of messages seen before.
     pub token_cache: TokenCache,
+    /// A fold block summarized ahead of need (prefetch). It is applied only once a request
+    /// needs compaction and it still continues `blocks`; until then requests stay unchanged.
+    #[serde(default)]
+    pub pending: Option<FoldBlock>,
 }
 
 /// Hash of the messages `msgs` (one range).
@@ -72,6 +76,25 @@ pub fn range_hash(msgs: &[Arc<Message>]) -> u64 {
     h.digest()
 }
 
+/// True when `block` starts at `start` and still covers the same messages of `msgs`.
+fn matches_at(block: &FoldBlock, start: usize, msgs: &[Arc<Message>], units: &[Unit]) -> bool {
+    block.start == start
+        && block.end > block.start
+        && block.end <= msgs.len()
+        && is_boundary(units, block.end)
+        && range_hash(&msgs[block.start..block.end]) == block.range_hash
+}
+
+/// True when `block` can follow `blocks` (already matched against `msgs`).
+pub fn continues(
+    block: &FoldBlock,
+    blocks: &[FoldBlock],
+    msgs: &[Arc<Message>],
+    units: &[Unit],
+) -> bool {
+    matches_at(block, blocks.last().map_or(0, |b| b.end), msgs, units)
+}
+
 /// Keeps the leading blocks that still match `msgs`; returns how many were dropped.
 pub fn retain_matching(
     blocks: &mut Vec<FoldBlock>,
@@ -81,12 +104,7 @@ pub fn retain_matching(
     let mut expected_start = 0;
     let mut keep = 0;
     for b in blocks.iter() {
-        let ok = b.start == expected_start
-            && b.end > b.start
-            && b.end <= msgs.len()
-            && is_boundary(units, b.end)
-            && range_hash(&msgs[b.start..b.end]) == b.range_hash;
-        if !ok {
+        if !matches_at(b, expected_start, msgs, units) {
             break;
         }
         expected_start = b.end;

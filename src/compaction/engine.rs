@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::CompactionError;
-use super::blocks::{SessionState, retain_matching};
+use super::blocks::{SessionState, continues, retain_matching};
 use super::budget::{Budget, Options};
 use super::fold::{DigestLimits, fold, has_work, work_tokens};
 use super::plan::Plan;
@@ -116,12 +116,13 @@ impl Engine {
             blocks_reused: state.blocks.len(),
             blocks_new: 0,
             blocks_invalidated: invalidated,
+            used_prefetched: false,
             summarizer: None,
             summarizer_error: None,
             artifact_recall: None,
             fits: true,
         };
-        let SessionState { blocks, token_cache } = state;
+        let SessionState { blocks, token_cache, pending } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
         let tools_raw = request.tools_raw();
 
@@ -144,10 +145,18 @@ impl Engine {
         let mut plan = Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
 
         if opts.force || plan.total() > budget.trigger {
+            // A block summarized ahead of need is applied first: no summarizer call.
+            if let Some(block) = pending.take().filter(|b| continues(b, blocks, msgs, &units)) {
+                blocks.push(block);
+                plan = Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
+                report.used_prefetched = true;
+                report.blocks_new += 1;
+                report.tier = 2;
+            }
             let blocks_end = blocks.last().map_or(0, |b| b.end);
             let tail0 = turn_tail_start(&units, cfg.keep_last_turns).max(blocks_end);
             if plan.elide_before(tail0, cfg.elide_min_tokens, budget.target, &mut counter)? {
-                report.tier = 1;
+                report.tier = report.tier.max(1);
             }
             if plan.total() > budget.target {
                 let tail1 =
@@ -174,7 +183,7 @@ impl Engine {
                     report.summarizer = Some(folded.block.summarizer.clone());
                     report.summarizer_error = folded.error;
                     report.artifact_recall = folded.block.artifact_recall;
-                    report.blocks_new = 1;
+                    report.blocks_new += 1;
                     blocks.push(folded.block);
                     plan =
                         Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
@@ -208,6 +217,50 @@ impl Engine {
         }
         let out = request.with_messages(forwarded);
         Ok(Outcome::Compacted { body: out.to_vec(), request: out, report })
+    }
+
+    /// Summarizes the next fold ahead of need and keeps it as `state.pending`, leaving the
+    /// forwarded request unchanged. Called past `prefetch_ratio` (with the prompt size as
+    /// forwarded, `forwarded_tokens`), so that the request that crosses the trigger finds
+    /// its digest ready. Returns whether a pending block was made.
+    pub async fn prefetch(
+        &self,
+        request: &ChatRequest,
+        state: &mut SessionState,
+        summarizer: &dyn Summarizer,
+        forwarded_tokens: usize,
+    ) -> Result<bool, CompactionError> {
+        let cfg = &self.cfg;
+        let budget = Budget::of(request, cfg, &Options::default());
+        let msgs = request.messages();
+        let units = units(msgs);
+        retain_matching(&mut state.blocks, msgs, &units);
+        if state.pending.as_ref().is_some_and(|p| continues(p, &state.blocks, msgs, &units)) {
+            return Ok(false);
+        }
+        // Below the trigger without blocks the caller only has an upper bound: count.
+        let tokens = if state.blocks.is_empty() {
+            self.count_prompt(request, &budget, &mut state.token_cache)
+        } else {
+            forwarded_tokens
+        };
+        let threshold = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
+        if tokens <= threshold || tokens > budget.trigger {
+            return Ok(false);
+        }
+        // Aim as deep, relative to the prompt, as the compaction at the trigger will.
+        let target = cfg.target_ratio * cfg.prefetch_ratio / cfg.trigger_ratio;
+        let opts = Options { force: true, target_ratio: Some(target), ..Options::default() };
+        let mut trial = SessionState {
+            blocks: state.blocks.clone(),
+            token_cache: std::mem::take(&mut state.token_cache),
+            pending: None,
+        };
+        let result = self.compact_request(request, &mut trial, summarizer, &opts).await;
+        state.token_cache = trial.token_cache;
+        result?;
+        state.pending = trial.blocks.into_iter().nth(state.blocks.len());
+        Ok(state.pending.is_some())
     }
 
     /// Where the new fold ends: the turn tail, or deeper inside a live turn when folding

@@ -37,6 +37,8 @@ pub struct Report {
     pub blocks_new: usize,
     /// Stored fold blocks dropped because the history no longer matched.
     pub blocks_invalidated: usize,
+    /// A block summarized ahead of need (prefetch) was applied, with no summarizer call.
+    pub used_prefetched: bool,
     /// Summarizer used for new blocks.
     pub summarizer: Option<String>,
     /// Why the summarizer failed, if it did (the extractive digest was used instead).

@@ -39,6 +39,8 @@ pub struct CompactionConfig {
     /// `enforce` forwards compacted requests; `observe` computes everything
     /// (plan, digests, metrics, headers) but forwards the original request.
     pub mode: CompactionMode,
+    /// Summarize the next fold in the background once past `prefetch_ratio`.
+    pub prefetch: bool,
     /// Past this share of the budget the next fold is summarized in the background.
     pub prefetch_ratio: f64,
 }
@@ -72,6 +74,7 @@ impl Default for CompactionConfig {
             artifact_max_tokens: 300,
             models: Vec::new(),
             mode: CompactionMode::Enforce,
+            prefetch: true,
             prefetch_ratio: 0.6,
         }
     }

@@ -87,9 +87,12 @@ pub async fn handle(
     };
     let model = model_label(&parsed.model().unwrap_or_default());
     let key = session_key(&parts.headers, chat.session_header.as_str(), &parsed);
-    let summarizer =
-        Timed { inner: chat.summarizer_for(&parts.headers, &parsed), metrics: metrics.clone() };
-    let decision = chat.compactor.decide(&key, &parsed, &summarizer, &Options::default()).await;
+    let summarizer: Arc<dyn Summarizer> = Arc::new(Timed {
+        inner: chat.summarizer_for(&parts.headers, &parsed),
+        metrics: metrics.clone(),
+    });
+    let decision =
+        chat.compactor.decide(&key, &parsed, summarizer.clone(), &Options::default()).await;
     log_decision(&decision, false);
     let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
     let response = tapped(client_response(response), metrics, model);
@@ -114,7 +117,7 @@ pub async fn handle(
     }
     let options = overflow_options(chat, &decision, &error_body);
     let started = Instant::now();
-    let retry = chat.compactor.decide(&key, &parsed, &summarizer, &options).await;
+    let retry = chat.compactor.decide(&key, &parsed, summarizer, &options).await;
     log_decision(&retry, true);
     let Some(body) = retry.rewritten.clone() else {
         // Nothing more to take out (or observe mode): the upstream's answer stands.
