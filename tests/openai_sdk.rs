@@ -1,0 +1,100 @@
+//! The official OpenAI Python SDK (from PyPI) pointed at foldgate with `base_url`,
+//! plain and streaming, through a compacted conversation.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, missing_docs)]
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::agent::{ProviderStats, conversation, provider};
+use common::*;
+use foldgate::config::SummarizerKind;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_sdk_check.py");
+
+/// True when the SDK can be imported; in CI its absence is a failure, not a skip.
+fn sdk_available() -> bool {
+    let ok =
+        Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the openai package is missing in CI (.ci/run installs it)"
+        );
+        println!(
+            "SKIPPED: python3 with the `openai` package is not installed (pip install openai)"
+        );
+    }
+    ok
+}
+
+#[tokio::test]
+async fn the_official_python_sdk_works_through_foldgate() {
+    if !sdk_available() {
+        return;
+    }
+    let stats = Arc::new(ProviderStats::default());
+    let mut handler = provider(stats.clone());
+    // Also answer GET /v1/models for the SDK's listing call.
+    let inner = handler.clone();
+    handler = Arc::new(move |rec: Recorded| {
+        if rec.uri.path().ends_with("/models") {
+            return Box::pin(async {
+                response(
+                    200,
+                    r#"{"object":"list","data":[{"id":"gpt-4o","object":"model","created":0,"owned_by":"system"}]}"#,
+                )
+            });
+        }
+        inner(rec)
+    });
+    let mock = MockUpstream::start(handler).await;
+    let mut config = config_for(&mock.url());
+    config.compaction.max_context_tokens = Some(12_000);
+    config.summarizer.kind = SummarizerKind::Llm;
+    let proxy = Proxy::start(config).await;
+
+    let dir = std::env::temp_dir().join(format!("foldgate-sdk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let messages_file = dir.join("messages.json");
+    let messages = conversation(30, 0);
+    std::fs::write(&messages_file, serde_json::to_vec(&messages).unwrap()).unwrap();
+    let base_url = format!("http://{}/v1", proxy.addr);
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .args([SCRIPT, &base_url, messages_file.to_str().unwrap()])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<serde_json::Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["check"], "plain");
+    assert_eq!(lines[0]["content"], "ok");
+    assert_eq!(lines[0]["outcome"], "compacted", "the SDK's request was compacted");
+    assert_eq!(lines[0]["prompt_tokens"], 100);
+    assert_eq!(lines[1]["check"], "stream");
+    assert_eq!(lines[1]["content"], "ok");
+    assert_eq!(lines[1]["prompt_tokens"], 100);
+    assert_eq!(lines[2]["ids"], serde_json::json!(["gpt-4o"]));
+
+    // The provider received the SDK's requests with the SDK's own credential, compacted.
+    let chats: Vec<Recorded> = mock
+        .recorded()
+        .into_iter()
+        .filter(|r| {
+            r.uri.path().ends_with("/chat/completions")
+                && !r.headers.contains_key("x-foldgate-summary")
+        })
+        .collect();
+    assert_eq!(chats.len(), 2);
+    for chat in &chats {
+        assert_eq!(chat.headers["authorization"], "Bearer sk-sdk-test");
+        let sent: serde_json::Value = serde_json::from_slice(&chat.body).unwrap();
+        assert!(sent["messages"].as_array().unwrap().len() < messages.len());
+    }
+}
