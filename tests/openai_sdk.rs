@@ -1,6 +1,12 @@
 //! The official OpenAI Python SDK (from PyPI) pointed at foldgate with `base_url`,
 //! plain and streaming, through a compacted conversation.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    missing_docs
+)]
 
 mod common;
 

@@ -106,6 +106,7 @@ impl Server {
         let metrics_task = self.metrics_listener.map(|(listener, path)| {
             tokio::spawn(serve_metrics(listener, path, self.state.metrics.clone()))
         });
+        let sweeper = tokio::spawn(sweep_sessions(self.state.clone()));
         let graceful = GracefulShutdown::new();
         // Connection tasks live here so that those still open after the grace period
         // are aborted even when the runtime outlives `run` (embedding, tests).
@@ -149,6 +150,7 @@ impl Server {
             ),
         }
         connections.abort_all();
+        sweeper.abort();
         if let Some(task) = metrics_task {
             task.abort();
         }
@@ -179,5 +181,20 @@ async fn serve_metrics(listener: TcpListener, path: String, metrics: Arc<Metrics
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+/// Drops expired conversations every minute and refreshes the active-sessions gauge.
+async fn sweep_sessions(state: Arc<AppState>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        let store = state.chat.compactor.store();
+        let dropped = store.sweep();
+        let active = store.active_sessions();
+        state.metrics.active_sessions.set(i64::try_from(active).unwrap_or(i64::MAX));
+        if dropped > 0 {
+            tracing::debug!(dropped, active, "expired sessions dropped");
+        }
     }
 }

@@ -27,8 +27,8 @@ impl<S> MemoryStore<S> {
         Self { map: DashMap::new(), ttl, max_sessions: max_sessions.max(1) }
     }
 
-    /// Drops expired sessions; returns how many. Run periodically.
-    pub fn sweep(&self) -> usize {
+    /// Drops expired sessions; returns how many.
+    fn sweep_expired(&self) -> usize {
         let before = self.map.len();
         let now = Instant::now();
         self.map.retain(|_, e| now.duration_since(e.last_seen) < self.ttl);
@@ -41,7 +41,7 @@ impl<S> MemoryStore<S> {
         if self.map.len() < self.max_sessions {
             return;
         }
-        self.sweep();
+        self.sweep_expired();
         let excess = (self.map.len() + 1).saturating_sub(self.max_sessions);
         if excess == 0 {
             return;
@@ -89,6 +89,10 @@ impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
     fn active_sessions(&self) -> usize {
         self.map.len()
     }
+
+    fn sweep(&self) -> usize {
+        self.sweep_expired()
+    }
 }
 
 #[cfg(test)]
@@ -119,7 +123,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(5)).await;
         store.save(&key(2), 2u32).await.unwrap();
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert_eq!(store.sweep(), 1);
+        assert_eq!(SessionStore::<u32>::sweep(&store), 1);
         assert_eq!(store.load(&key(2)).await.unwrap(), Some(2));
     }
 

@@ -54,4 +54,10 @@ pub trait SessionStore<S>: Send + Sync {
 
     /// Conversations currently held (for the active-sessions gauge).
     fn active_sessions(&self) -> usize;
+
+    /// Drops expired conversations now; returns how many. Stores whose backend expires
+    /// keys by itself keep the default, which does nothing.
+    fn sweep(&self) -> usize {
+        0
+    }
 }

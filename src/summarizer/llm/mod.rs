@@ -208,21 +208,36 @@ impl LlmSummarizer {
             .acquire()
             .await
             .map_err(|_| SummarizerError::Transport("summarizer closed".to_owned()))?;
-        let body = json!({
+        let mut body = json!({
             "model": model,
             "messages": [
                 {"role": "system", "content": prompt::SYSTEM_PROMPT},
                 {"role": "user", "content": prompt::user_prompt(&input, self.max_input_tokens)},
             ],
-            "temperature": 0,
-            "max_tokens": input.max_tokens,
             "stream": false,
         });
+        if is_reasoning_model(model) {
+            // Reasoning models reject `max_tokens` and `temperature`; their budget covers
+            // hidden reasoning too, so it is given room beyond the digest itself.
+            body["max_completion_tokens"] = json!(input.max_tokens.saturating_mul(4).max(4096));
+        } else {
+            body["temperature"] = json!(0);
+            body["max_tokens"] = json!(input.max_tokens);
+        }
         let body = serde_json::to_vec(&body)
             .map_err(|e| SummarizerError::Failed(format!("cannot serialize the request: {e}")))?;
         let answer = self.client.post_json(&self.endpoint, auth, body).await?;
         digest_from(&answer)
     }
+}
+
+/// OpenAI's reasoning families (o1, o3, o4, gpt-5), which take `max_completion_tokens`
+/// and no `temperature`.
+fn is_reasoning_model(model: &str) -> bool {
+    let name = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
+    let o_series =
+        name.strip_prefix('o').is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+    o_series || name.starts_with("gpt-5")
 }
 
 /// The digest in a chat-completions answer: `choices[0].message.content`, a string or
@@ -267,6 +282,21 @@ impl Summarizer for BoundSummarizer {
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
         self.inner.summarize(self.credential.as_ref(), &self.model, input).await
+    }
+}
+
+#[cfg(test)]
+mod reasoning_tests {
+    use super::is_reasoning_model;
+
+    #[test]
+    fn recognises_reasoning_families() {
+        for m in ["o1", "o3-mini", "o4-mini-high", "gpt-5", "openai/gpt-5-mini"] {
+            assert!(is_reasoning_model(m), "{m}");
+        }
+        for m in ["gpt-4o", "gpt-4.1-mini", "omni-x", "claude-3-5-sonnet", ""] {
+            assert!(!is_reasoning_model(m), "{m}");
+        }
     }
 }
 
