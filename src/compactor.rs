@@ -144,7 +144,7 @@ impl Compactor {
                 }
                 Ok(Ok(false)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "prefetch failed"),
-                Err(panic) => tracing::error!(error = %panic_message(&panic), "prefetch failed"),
+                Err(panic) => tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed"),
             }
         });
     }
@@ -173,7 +173,7 @@ impl Inner {
         let outcome = match result {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(e)) => return Decision::failed_open(e.to_string(), store_error),
-            Err(panic) => return Decision::failed_open(panic_message(&panic), store_error),
+            Err(panic) => return Decision::failed_open(panic_message(panic.as_ref()), store_error),
         };
         if let Err(e) = self.store.save(key, state).await {
             tracing::warn!(error = %e, store = self.store.name(), "session save failed");
@@ -218,4 +218,101 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_owned());
     format!("panic in compaction: {text}")
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::CompactionConfig;
+    use crate::session::{MemoryStore, StoreError};
+    use crate::summarizer::{SummarizerError, SummaryInput};
+
+    /// A conversation far over a 4,000-token window.
+    fn long_request() -> ChatRequest {
+        let mut messages = vec![json!({"role": "user", "content": "Find the bug."})];
+        for i in 0..40 {
+            let id = format!("c{i}");
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+                "type": "function", "function": {"name": "read", "arguments": "{}"}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": "line of output ".repeat(60)}));
+        }
+        messages.push(json!({"role": "user", "content": "Go on."}));
+        let body = json!({"model": "gpt-4o", "messages": messages});
+        ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    fn compactor(store: Arc<dyn SessionStore<SessionState>>) -> Compactor {
+        let cfg = CompactionConfig {
+            max_context_tokens: Some(4000),
+            prefetch: false,
+            ..CompactionConfig::default()
+        };
+        Compactor::new(Engine::new(cfg), store, CompactionMode::Enforce)
+    }
+
+    struct Panicking;
+
+    #[async_trait]
+    impl Summarizer for Panicking {
+        fn name(&self) -> &'static str {
+            "panicking"
+        }
+        #[allow(clippy::panic)]
+        async fn summarize(&self, _: SummaryInput<'_>) -> Result<String, SummarizerError> {
+            panic!("summarizer bug")
+        }
+    }
+
+    struct Broken;
+
+    #[async_trait]
+    impl SessionStore<SessionState> for Broken {
+        fn name(&self) -> &'static str {
+            "broken"
+        }
+        async fn load(&self, _: &SessionKey) -> Result<Option<SessionState>, StoreError> {
+            Err(StoreError::Unavailable("connection refused".into()))
+        }
+        async fn save(&self, _: &SessionKey, _: SessionState) -> Result<(), StoreError> {
+            Err(StoreError::Unavailable("connection refused".into()))
+        }
+        fn active_sessions(&self) -> usize {
+            0
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_inside_compaction_fails_open() {
+        let store = Arc::new(MemoryStore::new(std::time::Duration::from_secs(60), 10));
+        let decision = compactor(store)
+            .decide(
+                &SessionKey::from_digest("k"),
+                &long_request(),
+                Arc::new(Panicking),
+                &Options::default(),
+            )
+            .await;
+        assert_eq!(decision.outcome, ChatOutcome::FailedOpen);
+        assert!(decision.rewritten.is_none(), "the original is forwarded");
+        let error = decision.error.unwrap();
+        assert!(error.contains("summarizer bug"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_still_compacts_and_is_reported() {
+        let decision = compactor(Arc::new(Broken))
+            .decide(
+                &SessionKey::from_digest("k"),
+                &long_request(),
+                Arc::new(crate::summarizer::ExtractiveSummarizer),
+                &Options::default(),
+            )
+            .await;
+        assert_eq!(decision.outcome, ChatOutcome::Compacted);
+        assert!(decision.store_error);
+        assert!(decision.rewritten.is_some());
+    }
 }
