@@ -79,7 +79,7 @@ fn ordinary_text(bytes: usize) -> String {
 
 fn engine_benches(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let msgs = conversation(100_000);
+    let msgs = conversation(102_000);
     let full = body(&msgs);
     let req = ChatRequest::parse(&full).unwrap();
     let engine = Engine::new(CompactionConfig::default());
