@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::CompactionError;
 use super::blocks::{SessionState, retain_matching};
 use super::budget::{Budget, Options};
-use super::fold::{FoldRules, fold};
+use super::fold::{FoldRules, Region, fold_after};
 use super::keep::Keep;
 use super::plan::{Goals, Plan};
 use super::report::Report;
@@ -101,27 +101,8 @@ impl Engine {
         let msgs = request.messages();
         let units = units(msgs);
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
-        let mut report = Report {
-            budget: budget.clone(),
-            tokens_before: 0,
-            tokens_before_exact: true,
-            tokens_after: 0,
-            tier: 0,
-            forced: opts.force,
-            messages_before: msgs.len(),
-            messages_after: msgs.len(),
-            kept: msgs.len(),
-            elided: 0,
-            folded: 0,
-            dropped: 0,
-            blocks_reused: state.blocks.len(),
-            blocks_new: 0,
-            blocks_invalidated: invalidated,
-            summarizer: None,
-            summarizer_error: None,
-            artifact_recall: None,
-            fits: true,
-        };
+        let mut report =
+            Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
         let SessionState { blocks, token_cache } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
         let tools_raw = request.tools_raw();
@@ -160,18 +141,13 @@ impl Engine {
                 if end > blocks_end
                     && keep.work_tokens(msgs, &tokens, blocks_end, end) >= min_work.max(1)
                 {
-                    let prior = match blocks.last() {
-                        Some(b) => b.emitted()?.last().map(|m| m.text()),
-                        None => None,
-                    };
                     let rules = FoldRules {
                         max_tokens: cfg.digest_max_tokens,
                         artifact_tokens: cfg.artifact_max_tokens,
                         keep,
                     };
-                    let folded =
-                        fold(msgs, &tokens, blocks_end, end, prior.as_deref(), summarizer, rules)
-                            .await?;
+                    let region = Region { msgs, tokens: &tokens, start: blocks_end, end };
+                    let folded = fold_after(blocks, region, summarizer, rules).await?;
                     report.summarizer = Some(folded.block.summarizer.clone());
                     report.summarizer_error = folded.error;
                     report.artifact_recall = folded.block.artifact_recall;
@@ -195,15 +171,7 @@ impl Engine {
         }
 
         let forwarded = plan.messages();
-        report.tokens_after = plan.total();
-        report.fits = report.tokens_after <= budget.budget;
-        report.messages_after = forwarded.len();
-        report.blocks_reused -= report.blocks_new.min(report.blocks_reused);
-        let live = plan.items.iter().filter(|i| !i.dropped);
-        report.kept = live.clone().map(|i| i.originals - i.elided).sum();
-        report.elided = live.clone().map(|i| i.elided).sum();
-        report.folded = live.map(|i| i.folds).sum();
-        report.dropped = msgs.len().saturating_sub(report.kept + report.elided + report.folded);
+        report.account(&plan, msgs.len());
         if same_messages(&forwarded, msgs) {
             return Ok(Outcome::Unchanged { report });
         }

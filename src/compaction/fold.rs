@@ -31,18 +31,44 @@ pub struct Folded {
     pub error: Option<String>,
 }
 
-/// Folds original messages `[start, end)` into a block: the messages `keep` keeps
-/// verbatim, then one digest. The summarizer's failure (or empty answer) falls
-/// back to the extractive digest.
+/// Original messages `[start, end)` and their token counts.
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    /// All original messages.
+    pub msgs: &'a [Arc<Message>],
+    /// Their tokens.
+    pub tokens: &'a [usize],
+    /// First message of the region.
+    pub start: usize,
+    /// One past its last message.
+    pub end: usize,
+}
+
+/// Folds `region`, which follows the stored `blocks`, giving the summarizer the last
+/// block's digest as prior context.
+pub async fn fold_after(
+    blocks: &[FoldBlock],
+    region: Region<'_>,
+    summarizer: &dyn Summarizer,
+    rules: FoldRules,
+) -> Result<Folded, ModelError> {
+    let prior = match blocks.last() {
+        Some(b) => b.emitted()?.last().map(|m| m.text()),
+        None => None,
+    };
+    fold(region, prior.as_deref(), summarizer, rules).await
+}
+
+/// Folds `region` into a block: the messages `rules.keep` keeps verbatim, then one
+/// digest. The summarizer's failure (or empty answer) falls back to the extractive
+/// digest.
 pub async fn fold(
-    msgs: &[Arc<Message>],
-    tokens: &[usize],
-    start: usize,
-    end: usize,
+    region: Region<'_>,
     prior_digest: Option<&str>,
     summarizer: &dyn Summarizer,
     rules: FoldRules,
 ) -> Result<Folded, ModelError> {
+    let Region { msgs, tokens, start, end } = region;
     let region = &msgs[start..end];
     let input = SummaryInput { messages: region, prior_digest, max_tokens: rules.max_tokens };
     let (body, name, error) = match summarizer.summarize(input).await {
