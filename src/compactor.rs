@@ -144,7 +144,9 @@ impl Compactor {
                 }
                 Ok(Ok(false)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "prefetch failed"),
-                Err(panic) => tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed"),
+                Err(panic) => {
+                    tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed")
+                }
             }
         });
     }

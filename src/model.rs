@@ -168,7 +168,14 @@ impl Message {
 
     /// True for a digest written by foldgate (content starts with [`DIGEST_MARKER`]).
     pub fn is_digest(&self) -> bool {
-        self.text().trim_start().starts_with(DIGEST_MARKER)
+        let first = match self.content() {
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(Value::Array(parts)) => {
+                parts.iter().find_map(|p| p.get("text").and_then(Value::as_str))
+            }
+            _ => None,
+        };
+        first.is_some_and(|t| t.trim_start().starts_with(DIGEST_MARKER))
     }
 }
 

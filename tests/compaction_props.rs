@@ -232,7 +232,14 @@ proptest! {
             let report = out.report().clone();
             let fwd = forwarded(&out, &req);
             let violations = verify(&req, &fwd, engine.config(), &report.budget, &mut state.token_cache);
-            prop_assert!(violations.is_empty(), "request {upto}: {violations:?}\n{report:?}");
+            if !violations.is_empty() {
+                let shape: Vec<String> = fwd
+                    .messages()
+                    .iter()
+                    .map(|m| format!("{:?}:{}B", m.role(), m.raw().len()))
+                    .collect();
+                prop_assert!(false, "request {upto}: {violations:?}\n{report:?}\n{shape:?}");
+            }
             // (5) below the trigger, without stored blocks, nothing changes.
             let exact = engine.count_prompt(&req, &report.budget, &mut state.token_cache);
             if exact <= report.budget.trigger && !had_blocks {

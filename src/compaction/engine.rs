@@ -5,8 +5,9 @@ use std::sync::Arc;
 use super::CompactionError;
 use super::blocks::{SessionState, continues, retain_matching};
 use super::budget::{Budget, Options};
-use super::fold::{DigestLimits, fold, has_work, work_tokens};
-use super::plan::Plan;
+use super::fold::{FoldRules, Region, fold_after};
+use super::keep::Keep;
+use super::plan::{Goals, Plan};
 use super::report::Report;
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::units::{group_tail_start, turn_tail_start, units};
@@ -100,28 +101,8 @@ impl Engine {
         let msgs = request.messages();
         let units = units(msgs);
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
-        let mut report = Report {
-            budget: budget.clone(),
-            tokens_before: 0,
-            tokens_before_exact: true,
-            tokens_after: 0,
-            tier: 0,
-            forced: opts.force,
-            messages_before: msgs.len(),
-            messages_after: msgs.len(),
-            kept: msgs.len(),
-            elided: 0,
-            folded: 0,
-            dropped: 0,
-            blocks_reused: state.blocks.len(),
-            blocks_new: 0,
-            blocks_invalidated: invalidated,
-            used_prefetched: false,
-            summarizer: None,
-            summarizer_error: None,
-            artifact_recall: None,
-            fits: true,
-        };
+        let mut report =
+            Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
         let SessionState { blocks, token_cache, pending } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
         let tools_raw = request.tools_raw();
@@ -141,14 +122,14 @@ impl Engine {
         let fixed = counter.tools(tools_raw) + REPLY_PRIMING;
         let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
         report.tokens_before = fixed + tokens.iter().sum::<usize>();
-        let user_max = cfg.user_verbatim_max_tokens;
-        let mut plan = Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
+        let keep = Keep::new(msgs, cfg);
+        let mut plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
 
         if opts.force || plan.total() > budget.trigger {
             // A block summarized ahead of need is applied first: no summarizer call.
             if let Some(block) = pending.take().filter(|b| continues(b, blocks, msgs, &units)) {
                 blocks.push(block);
-                plan = Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
+                plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
                 report.used_prefetched = true;
                 report.blocks_new += 1;
                 report.tier = 2;
@@ -166,52 +147,39 @@ impl Engine {
                 // target; smaller ones would be redone on the next request.
                 let min_work = (budget.trigger - budget.target) / 2;
                 if end > blocks_end
-                    && work_tokens(msgs, &tokens, blocks_end, end, user_max) >= min_work.max(1)
+                    && keep.work_tokens(msgs, &tokens, blocks_end, end) >= min_work.max(1)
                 {
-                    let prior = match blocks.last() {
-                        Some(b) => b.emitted()?.last().map(|m| m.text()),
-                        None => None,
-                    };
-                    let limits = DigestLimits {
+                    let rules = FoldRules {
                         max_tokens: cfg.digest_max_tokens,
                         artifact_tokens: cfg.artifact_max_tokens,
-                        user_max,
+                        keep,
                     };
-                    let folded =
-                        fold(msgs, &tokens, blocks_end, end, prior.as_deref(), summarizer, limits)
-                            .await?;
+                    let region = Region { msgs, tokens: &tokens, start: blocks_end, end };
+                    let folded = fold_after(blocks, region, summarizer, rules).await?;
                     report.summarizer = Some(folded.block.summarizer.clone());
                     report.summarizer_error = folded.error;
                     report.artifact_recall = folded.block.artifact_recall;
                     report.blocks_new += 1;
                     blocks.push(folded.block);
-                    plan =
-                        Plan::build(blocks, msgs, &units, &tokens, fixed, user_max, &mut counter)?;
+                    plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
                     report.tier = 2;
                 }
             }
             if plan.total() > budget.target {
-                plan.fallback(
-                    budget.target,
-                    budget.budget,
-                    budget.floor,
-                    cfg.elide_min_tokens,
-                    &mut counter,
-                )?;
+                let goals = Goals {
+                    target: budget.target,
+                    limit: budget.budget,
+                    floor: budget.floor,
+                    small_max: cfg.user_verbatim_max_tokens,
+                    min_tokens: cfg.elide_min_tokens,
+                };
+                plan.fallback(goals, &mut counter)?;
                 report.tier = 4;
             }
         }
 
         let forwarded = plan.messages();
-        report.tokens_after = plan.total();
-        report.fits = report.tokens_after <= budget.budget;
-        report.messages_after = forwarded.len();
-        report.blocks_reused -= report.blocks_new.min(report.blocks_reused);
-        let live = plan.items.iter().filter(|i| !i.dropped);
-        report.kept = live.clone().map(|i| i.originals - i.elided).sum();
-        report.elided = live.clone().map(|i| i.elided).sum();
-        report.folded = live.map(|i| i.folds).sum();
-        report.dropped = msgs.len().saturating_sub(report.kept + report.elided + report.folded);
+        report.account(&plan, msgs.len());
         if same_messages(&forwarded, msgs) {
             return Ok(Outcome::Unchanged { report });
         }
@@ -279,11 +247,11 @@ impl Engine {
         if tail1 <= tail0 {
             return tail0;
         }
-        let user_max = self.cfg.user_verbatim_max_tokens;
+        let keep = Keep::new(msgs, &self.cfg);
         let before_blocks: usize =
             plan.items.iter().filter(|i| i.pos < blocks_end).map(|i| i.tokens).sum();
         let kept_in_region: usize = (blocks_end..tail0)
-            .filter(|&i| !has_work(msgs, tokens, i, i + 1, user_max))
+            .filter(|&i| keep.is_verbatim(msgs, tokens, i))
             .map(|i| tokens[i])
             .sum();
         let rest: usize = tokens[tail0..].iter().sum();

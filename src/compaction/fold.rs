@@ -6,20 +6,21 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::blocks::{FoldBlock, range_hash};
-use crate::model::{DIGEST_MARKER, Message, ModelError, Role};
+use super::keep::Keep;
+use crate::model::{DIGEST_MARKER, Message, ModelError};
 use crate::summarizer::artifacts::{self, Artifact};
 use crate::summarizer::extractive;
 use crate::summarizer::{Summarizer, SummaryInput};
 
-/// Limits of a new digest.
+/// How a new block is made.
 #[derive(Debug, Clone, Copy)]
-pub struct DigestLimits {
+pub struct FoldRules {
     /// The digest body should stay within about this many tokens.
     pub max_tokens: usize,
     /// Artifacts the digest missed are appended within about this many tokens.
     pub artifact_tokens: usize,
-    /// User messages up to this many tokens stay verbatim.
-    pub user_max: usize,
+    /// Which messages stay verbatim.
+    pub keep: Keep,
 }
 
 /// A new block and how its digest was made.
@@ -30,69 +31,67 @@ pub struct Folded {
     pub error: Option<String>,
 }
 
-/// True if `[start, end)` holds anything that folding would replace.
-pub fn has_work(
-    msgs: &[Arc<Message>],
-    tokens: &[usize],
-    start: usize,
-    end: usize,
-    user_max: usize,
-) -> bool {
-    (start..end).any(|i| !is_verbatim(&msgs[i], tokens[i], user_max))
+/// Original messages `[start, end)` and their token counts.
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    /// All original messages.
+    pub msgs: &'a [Arc<Message>],
+    /// Their tokens.
+    pub tokens: &'a [usize],
+    /// First message of the region.
+    pub start: usize,
+    /// One past its last message.
+    pub end: usize,
 }
 
-/// Tokens of what folding `[start, end)` would replace.
-pub fn work_tokens(
-    msgs: &[Arc<Message>],
-    tokens: &[usize],
-    start: usize,
-    end: usize,
-    user_max: usize,
-) -> usize {
-    (start..end).filter(|&i| !is_verbatim(&msgs[i], tokens[i], user_max)).map(|i| tokens[i]).sum()
+/// Folds `region`, which follows the stored `blocks`, giving the summarizer the last
+/// block's digest as prior context.
+pub async fn fold_after(
+    blocks: &[FoldBlock],
+    region: Region<'_>,
+    summarizer: &dyn Summarizer,
+    rules: FoldRules,
+) -> Result<Folded, ModelError> {
+    let prior = match blocks.last() {
+        Some(b) => b.emitted()?.last().map(|m| m.text()),
+        None => None,
+    };
+    fold(region, prior.as_deref(), summarizer, rules).await
 }
 
-fn is_verbatim(m: &Message, tokens: usize, user_max: usize) -> bool {
-    m.role().is_pinned() || (m.role() == Role::User && !m.is_digest() && tokens <= user_max)
-}
-
-/// Folds original messages `[start, end)` into a block: their pinned and small user
-/// messages verbatim, then one digest. The summarizer's failure (or empty answer) falls
-/// back to the extractive digest.
+/// Folds `region` into a block: the messages `rules.keep` keeps verbatim, then one
+/// digest. The summarizer's failure (or empty answer) falls back to the extractive
+/// digest.
 pub async fn fold(
-    msgs: &[Arc<Message>],
-    tokens: &[usize],
-    start: usize,
-    end: usize,
+    region: Region<'_>,
     prior_digest: Option<&str>,
     summarizer: &dyn Summarizer,
-    limits: DigestLimits,
+    rules: FoldRules,
 ) -> Result<Folded, ModelError> {
+    let Region { msgs, tokens, start, end } = region;
     let region = &msgs[start..end];
-    let input = SummaryInput { messages: region, prior_digest, max_tokens: limits.max_tokens };
+    let input = SummaryInput { messages: region, prior_digest, max_tokens: rules.max_tokens };
     let (body, name, error) = match summarizer.summarize(input).await {
         Ok(text) if !text.trim().is_empty() => (text, summarizer.name(), None),
         Ok(_) => (
-            extractive::digest(region, limits.max_tokens),
+            extractive::digest(region, rules.max_tokens),
             "extractive",
             Some("empty digest".to_owned()),
         ),
-        Err(e) => {
-            (extractive::digest(region, limits.max_tokens), "extractive", Some(e.to_string()))
-        }
+        Err(e) => (extractive::digest(region, rules.max_tokens), "extractive", Some(e.to_string())),
     };
-    let body = clip_chars(body.trim(), limits.max_tokens * 4);
+    let body = clip_chars(body.trim(), rules.max_tokens * 4);
     let found = artifacts::extract(region);
     let missing = artifacts::missing(&found, &body);
     let recall =
         (!found.is_empty()).then(|| (found.len() - missing.len()) as f64 / found.len() as f64);
-    let body = append_artifacts(body, &missing, limits.artifact_tokens * 3);
+    let body = append_artifacts(body, &missing, rules.artifact_tokens * 3);
     let digest = json!({"role": "assistant", "content": format!("{DIGEST_MARKER}\n{body}")});
 
     let mut messages = Vec::new();
     let mut verbatim = Vec::new();
     for (i, m) in region.iter().enumerate() {
-        if is_verbatim(m, tokens[start + i], limits.user_max) {
+        if rules.keep.is_verbatim(msgs, tokens, start + i) {
             messages
                 .push(RawValue::from_string(m.raw().to_owned()).map_err(ModelError::Serialize)?);
             verbatim.push(start + i);

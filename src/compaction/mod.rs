@@ -13,6 +13,7 @@ pub mod budget;
 pub mod check;
 pub mod engine;
 pub mod fold;
+pub mod keep;
 pub mod plan;
 pub mod report;
 pub mod tokens;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::blocks::FoldBlock;
+use super::keep::{Keep, UserClass};
 use super::tokens::Counter;
 use super::units::{Unit, UnitKind};
 use crate::model::{Message, ModelError, Role, call_parts};
@@ -21,6 +22,8 @@ pub enum Kind {
     Pinned,
     /// A small user message (kept verbatim while it fits).
     User,
+    /// The task statement (first user message): dropped only after every other user message.
+    Task,
     /// The last user message: never dropped.
     LastUser,
     /// A digest of a fold block.
@@ -67,7 +70,7 @@ impl Plan {
         units: &[Unit],
         tokens: &[usize],
         fixed: usize,
-        user_max: usize,
+        keep: &Keep,
         counter: &mut Counter<'_>,
     ) -> Result<Self, ModelError> {
         let mut items = Vec::new();
@@ -75,18 +78,25 @@ impl Plan {
             let emitted = b.emitted()?;
             let n_verbatim = b.verbatim.len();
             for (k, m) in emitted.into_iter().enumerate() {
-                let tokens = counter.message(&m);
+                let n = counter.message(&m);
                 let pos = b.verbatim.get(k).copied().unwrap_or(b.start);
+                // A verbatim user message is classed by this request's rules: the last
+                // user message of an earlier request may be a large one by now.
                 let (kind, originals, folds) = if k >= n_verbatim {
                     (Kind::Digest, 0, (b.end - b.start).saturating_sub(n_verbatim))
                 } else if m.role().is_pinned() {
                     (Kind::Pinned, 1, 0)
                 } else {
-                    (Kind::User, 1, 0)
+                    let kind = match keep.class(msgs, pos, tokens[pos]) {
+                        Some(UserClass::Task) => Kind::Task,
+                        Some(UserClass::Small) => Kind::User,
+                        _ => Kind::Work,
+                    };
+                    (kind, 1, 0)
                 };
                 items.push(Item {
                     msgs: vec![m],
-                    tokens,
+                    tokens: n,
                     kind,
                     pos,
                     originals,
@@ -100,7 +110,11 @@ impl Plan {
         for u in units.iter().filter(|u| u.start >= from) {
             let kind = match u.kind {
                 UnitKind::Pinned => Kind::Pinned,
-                UnitKind::User if tokens[u.start] <= user_max => Kind::User,
+                UnitKind::User => match keep.class(msgs, u.start, tokens[u.start]) {
+                    Some(UserClass::Task) => Kind::Task,
+                    Some(UserClass::Small) => Kind::User,
+                    _ => Kind::Work,
+                },
                 _ => Kind::Work,
             };
             items.push(Item {
@@ -115,15 +129,13 @@ impl Plan {
             });
         }
         let mut plan = Self { items, fixed };
-        plan.mark_last_user(msgs);
+        plan.mark_last_user(msgs, keep);
         Ok(plan)
     }
 
     /// Marks the item holding the conversation's last user message (wherever it is).
-    fn mark_last_user(&mut self, msgs: &[Arc<Message>]) {
-        let Some(last) = msgs.iter().rposition(|m| m.role() == Role::User && !m.is_digest()) else {
-            return;
-        };
+    fn mark_last_user(&mut self, msgs: &[Arc<Message>], keep: &Keep) {
+        let Some(last) = keep.last_user else { return };
         let hash = msgs[last].hash();
         if let Some(item) = self.items.iter_mut().rev().find(|i| {
             i.msgs.len() == 1 && i.msgs[0].role() == Role::User && i.msgs[0].hash() == hash
@@ -207,15 +219,10 @@ impl Plan {
     ///    take more than `floor`, the oldest of them, then digests, oldest first (`target`);
     /// 3. stub every remaining tool result (goal: `limit`);
     /// 4. drop work after the last user message, oldest first (`limit`);
-    /// 5. drop small user messages, oldest first (`limit`).
-    pub fn fallback(
-        &mut self,
-        target: usize,
-        limit: usize,
-        floor: usize,
-        min_tokens: usize,
-        counter: &mut Counter<'_>,
-    ) -> Result<(), ModelError> {
+    /// 5. drop the task statement if it is larger than `small_max`, then small user
+    ///    messages, oldest first, then the task statement (`limit`).
+    pub fn fallback(&mut self, goals: Goals, counter: &mut Counter<'_>) -> Result<(), ModelError> {
+        let Goals { target, limit, floor, small_max, min_tokens } = goals;
         let n = self.items.len();
         let last_user =
             self.items.iter().position(|i| i.kind == Kind::LastUser).unwrap_or(n.saturating_sub(1));
@@ -256,7 +263,11 @@ impl Plan {
         self.drop_where(limit, |i, it| {
             i > last_user && matches!(it.kind, Kind::Work | Kind::Digest)
         });
+        // A task statement larger than a small user message is not among the guaranteed
+        // ones: it goes first; a small one goes last.
+        self.drop_where(limit, |_, it| it.kind == Kind::Task && it.tokens > small_max);
         self.drop_where(limit, |_, it| it.kind == Kind::User);
+        self.drop_where(limit, |_, it| it.kind == Kind::Task);
         Ok(())
     }
 
@@ -272,6 +283,21 @@ impl Plan {
             }
         }
     }
+}
+
+/// The goals of the fallback (see [`Plan::fallback`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Goals {
+    /// Aim for this many prompt tokens.
+    pub target: usize,
+    /// Never forward more than this (`window - reserve`) when avoidable.
+    pub limit: usize,
+    /// Small user messages are guaranteed up to this many tokens together.
+    pub floor: usize,
+    /// A user message up to this many tokens is small.
+    pub small_max: usize,
+    /// Tool results above this many tokens are stubbed first.
+    pub min_tokens: usize,
 }
 
 /// Every elision stub starts with this.

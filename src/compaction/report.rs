@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::budget::Budget;
+use super::plan::Plan;
 
 /// The report of one `compact` call (serializable for `--report-json` and logs).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -47,4 +48,50 @@ pub struct Report {
     pub artifact_recall: Option<f64>,
     /// The forwarded prompt fits `window - reserve`.
     pub fits: bool,
+}
+
+impl Report {
+    /// A report of nothing done yet: every message kept, `reused` stored blocks matching.
+    pub fn new(
+        budget: Budget,
+        forced: bool,
+        messages: usize,
+        reused: usize,
+        invalidated: usize,
+    ) -> Self {
+        Self {
+            budget,
+            tokens_before: 0,
+            tokens_before_exact: true,
+            tokens_after: 0,
+            tier: 0,
+            forced,
+            messages_before: messages,
+            messages_after: messages,
+            kept: messages,
+            elided: 0,
+            folded: 0,
+            dropped: 0,
+            blocks_reused: reused,
+            blocks_new: 0,
+            blocks_invalidated: invalidated,
+            used_prefetched: false,
+            summarizer: None,
+            summarizer_error: None,
+            artifact_recall: None,
+            fits: true,
+        }
+    }
+
+    /// Fills in what `plan` forwards out of `original` messages.
+    pub fn account(&mut self, plan: &Plan, original: usize) {
+        self.tokens_after = plan.total();
+        self.fits = self.tokens_after <= self.budget.budget;
+        let live: Vec<_> = plan.items.iter().filter(|i| !i.dropped).collect();
+        self.messages_after = live.iter().map(|i| i.msgs.len()).sum();
+        self.kept = live.iter().map(|i| i.originals - i.elided).sum();
+        self.elided = live.iter().map(|i| i.elided).sum();
+        self.folded = live.iter().map(|i| i.folds).sum();
+        self.dropped = original.saturating_sub(self.kept + self.elided + self.folded);
+    }
 }

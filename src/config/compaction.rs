@@ -20,6 +20,8 @@ pub struct CompactionConfig {
     pub keep_last_tool_groups: usize,
     /// User messages up to this many tokens are kept verbatim when their region is folded.
     pub user_verbatim_max_tokens: usize,
+    /// The task statement (first user message) up to this many tokens stays verbatim too.
+    pub task_verbatim_max_tokens: usize,
     /// Tool results above this many tokens are elided (tier 1) outside the kept tail.
     pub elide_min_tokens: usize,
     /// Context window assumed for models missing from the model table.
@@ -65,6 +67,7 @@ impl Default for CompactionConfig {
             keep_last_turns: 2,
             keep_last_tool_groups: 4,
             user_verbatim_max_tokens: 1000,
+            task_verbatim_max_tokens: 4000,
             elide_min_tokens: 500,
             default_context_window: 128_000,
             default_encoding: "o200k_base".to_owned(),

@@ -1,0 +1,194 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr, missing_docs)]
+//! Engine benchmarks: JSON parsing, cold tokenization, planning a 100k-token
+//! conversation cold and warm, bounded counting of a 5 MB adversarial message against
+//! 5 MB of ordinary text, and tiktoken-rs against bpe-openai.
+//!
+//! Conversations come from `../shared/traces/dev.jsonl` (beside the repository): the
+//! longest sessions are concatenated until they reach 100k tokens.
+//!
+//! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
+
+use std::sync::Arc;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use foldgate::compaction::tokens::{Encoding, message_tokens};
+use foldgate::compaction::{Budget, Engine, Options, SessionState, TokenCache};
+use foldgate::config::CompactionConfig;
+use foldgate::model::{ChatRequest, Message};
+use foldgate::summarizer::ExtractiveSummarizer;
+use serde_json::{Value, json};
+
+const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/traces/dev.jsonl");
+
+/// Messages of the longest dev sessions, concatenated (system prompts after the first
+/// dropped) until the conversation holds at least `tokens` o200k tokens.
+fn conversation(tokens: usize) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(TRACES).expect("../shared/traces/dev.jsonl beside the repository");
+    let mut sessions: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    sessions.sort_by_key(|s| std::cmp::Reverse(s["approx_tokens"].as_u64().unwrap_or(0)));
+    let mut out: Vec<Value> = Vec::new();
+    let mut total = 0;
+    'outer: for s in sessions {
+        for m in s["messages"].as_array().unwrap() {
+            // Stop at the target, but never between a call and its results.
+            if total >= tokens && m["role"] != "tool" {
+                break 'outer;
+            }
+            if !out.is_empty() && m["role"] == "system" {
+                continue;
+            }
+            total += message_tokens(Encoding::O200kBase, &Message::from_value(m.clone()).unwrap());
+            out.push(m.clone());
+        }
+    }
+    // End on a user message, as a request does.
+    while out.last().is_some_and(|m| m["role"] == "assistant") {
+        out.pop();
+    }
+    out
+}
+
+fn body(msgs: &[Value]) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "gpt-4o", "messages": msgs, "temperature": 0})).unwrap()
+}
+
+fn message_text(req: &ChatRequest) -> usize {
+    req.messages().iter().map(|m| m.raw().len()).sum()
+}
+
+fn ordinary_text(bytes: usize) -> String {
+    let msgs = conversation(100_000);
+    let mut s = String::new();
+    while s.len() < bytes {
+        for m in &msgs {
+            s.push_str(&Message::from_value(m.clone()).unwrap().text());
+            s.push('\n');
+            if s.len() >= bytes {
+                break;
+            }
+        }
+    }
+    let mut end = bytes.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s
+}
+
+fn engine_benches(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let msgs = conversation(102_000);
+    let full = body(&msgs);
+    let req = ChatRequest::parse(&full).unwrap();
+    let engine = Engine::new(CompactionConfig::default());
+    let opts = Options::default();
+    let budget = Budget::of(&req, engine.config(), &opts);
+    let tokens = engine.count_prompt(&req, &budget, &mut TokenCache::default());
+    eprintln!("conversation: {} messages, {} tokens, {} bytes", msgs.len(), tokens, full.len());
+
+    let mut g = c.benchmark_group("parse");
+    g.throughput(Throughput::Bytes(full.len() as u64));
+    g.bench_function("request_100k_tokens", |b| b.iter(|| ChatRequest::parse(&full).unwrap()));
+    g.finish();
+
+    let mut g = c.benchmark_group("tokenize_cold");
+    g.throughput(Throughput::Bytes(message_text(&req) as u64));
+    g.sample_size(10);
+    g.bench_function("messages_100k_tokens", |b| {
+        b.iter(|| {
+            req.messages().iter().map(|m| message_tokens(Encoding::O200kBase, m)).sum::<usize>()
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(10);
+    g.bench_function("cold_100k_tokens", |b| {
+        b.iter_batched(
+            SessionState::default,
+            |mut st| {
+                rt.block_on(engine.compact_request(&req, &mut st, &ExtractiveSummarizer, &opts))
+                    .unwrap()
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    // Warm: the conversation minus its last exchange was compacted before; the request
+    // adds one message.
+    let cut = msgs.iter().rposition(|m| m["role"] == "assistant").unwrap();
+    let earlier = ChatRequest::parse(&body(&msgs[..cut])).unwrap();
+    let mut warm = SessionState::default();
+    let first = rt
+        .block_on(engine.compact_request(&earlier, &mut warm, &ExtractiveSummarizer, &opts))
+        .unwrap();
+    let next: Vec<Arc<Message>> = req.messages()[..=cut].to_vec();
+    let next = req.with_messages(next);
+    let out = rt
+        .block_on(engine.compact_request(&next, &mut warm.clone(), &ExtractiveSummarizer, &opts))
+        .unwrap();
+    eprintln!(
+        "warm setup: first tier {} blocks {}; warm tier {} reused {} new {}",
+        first.report().tier,
+        warm.blocks.len(),
+        out.report().tier,
+        out.report().blocks_reused,
+        out.report().blocks_new
+    );
+    g.sample_size(50);
+    g.bench_function("warm_100k_tokens_one_new_message", |b| {
+        b.iter_batched(
+            || warm.clone(),
+            |mut st| {
+                rt.block_on(engine.compact_request(&next, &mut st, &ExtractiveSummarizer, &opts))
+                    .unwrap()
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+fn counting_benches(c: &mut Criterion) {
+    const SIZE: usize = 5 * 1024 * 1024;
+    let ordinary = ordinary_text(SIZE);
+    let adversarial = "a".repeat(SIZE);
+    let spaces = " ".repeat(SIZE);
+    let mut g = c.benchmark_group("count_5mb");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(SIZE as u64));
+    for (name, text) in
+        [("ordinary", &ordinary), ("adversarial_a", &adversarial), ("adversarial_spaces", &spaces)]
+    {
+        g.bench_function(name, |b| b.iter(|| Encoding::O200kBase.count(text)));
+    }
+    g.bench_function("bpe_openai_ordinary", |b| {
+        b.iter(|| bpe_openai::o200k_base().count(ordinary.as_str()))
+    });
+    g.bench_function("bpe_openai_adversarial_a", |b| {
+        b.iter(|| bpe_openai::o200k_base().count(adversarial.as_str()))
+    });
+    g.finish();
+
+    // tiktoken-rs (as used, bounded; and unbounded) against bpe-openai on 1 MB of ordinary text.
+    let text = ordinary_text(1024 * 1024);
+    let ours = Encoding::O200kBase.count(&text);
+    let tiktoken = Encoding::O200kBase.bpe().encode_ordinary(&text).len();
+    let bpe = bpe_openai::o200k_base().count(text.as_str());
+    eprintln!(
+        "1 MB ordinary text: bounded tiktoken-rs {ours}, tiktoken-rs {tiktoken}, bpe-openai {bpe} tokens"
+    );
+    let mut g = c.benchmark_group("tokenizer_1mb");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_function("tiktoken_rs_bounded", |b| b.iter(|| Encoding::O200kBase.count(&text)));
+    g.bench_function("tiktoken_rs", |b| {
+        b.iter(|| Encoding::O200kBase.bpe().encode_ordinary(&text).len())
+    });
+    g.bench_function("bpe_openai", |b| b.iter(|| bpe_openai::o200k_base().count(text.as_str())));
+    g.finish();
+}
+
+criterion_group!(benches, engine_benches, counting_benches);
+criterion_main!(benches);

@@ -1,0 +1,116 @@
+//! Which original messages stay verbatim when the region holding them is folded.
+//!
+//! Pinned messages always; user messages up to `user_verbatim_max_tokens`; the task
+//! statement (the first user message) up to `task_verbatim_max_tokens`, because coding
+//! agents put their instructions and task there and an agent without them is lost; and
+//! the last user message, which is the instruction the live turn is working on.
+//! Larger user messages (pastes, tool output sent as user text) are folded like work.
+
+use std::sync::Arc;
+
+use crate::config::CompactionConfig;
+use crate::model::{Message, Role};
+
+/// The verbatim rules of one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    /// Small user messages up to this many tokens.
+    pub user_max: usize,
+    /// The task statement up to this many tokens.
+    pub task_max: usize,
+    /// Index of the first user message.
+    pub task: Option<usize>,
+    /// Index of the last user message.
+    pub last_user: Option<usize>,
+}
+
+/// Why a user message is kept verbatim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserClass {
+    /// The task statement (first user message), within its cap.
+    Task,
+    /// A small user message.
+    Small,
+    /// The last user message (whatever its size).
+    Last,
+    /// Folded like work.
+    Large,
+}
+
+fn is_user(m: &Message) -> bool {
+    m.role() == Role::User && !m.is_digest()
+}
+
+impl Keep {
+    /// The rules for `msgs` under `cfg`.
+    pub fn new(msgs: &[Arc<Message>], cfg: &CompactionConfig) -> Self {
+        Self {
+            user_max: cfg.user_verbatim_max_tokens,
+            task_max: cfg.task_verbatim_max_tokens,
+            task: msgs.iter().position(|m| is_user(m)),
+            last_user: msgs.iter().rposition(|m| is_user(m)),
+        }
+    }
+
+    /// How user message `i` (of `tokens` tokens) is treated; `None` if not a user message.
+    pub fn class(&self, msgs: &[Arc<Message>], i: usize, tokens: usize) -> Option<UserClass> {
+        if !is_user(&msgs[i]) {
+            return None;
+        }
+        Some(if Some(i) == self.task && tokens <= self.task_max.max(self.user_max) {
+            UserClass::Task
+        } else if tokens <= self.user_max {
+            UserClass::Small
+        } else if Some(i) == self.last_user {
+            UserClass::Last
+        } else {
+            UserClass::Large
+        })
+    }
+
+    /// True if message `i` stays verbatim when folded.
+    pub fn is_verbatim(&self, msgs: &[Arc<Message>], tokens: &[usize], i: usize) -> bool {
+        msgs[i].role().is_pinned()
+            || self.class(msgs, i, tokens[i]).is_some_and(|c| c != UserClass::Large)
+    }
+
+    /// Tokens of what folding `[start, end)` would replace.
+    pub fn work_tokens(
+        &self,
+        msgs: &[Arc<Message>],
+        tokens: &[usize],
+        start: usize,
+        end: usize,
+    ) -> usize {
+        (start..end).filter(|&i| !self.is_verbatim(msgs, tokens, i)).map(|i| tokens[i]).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn classes() {
+        let msgs: Vec<Arc<Message>> = ["user", "assistant", "user", "user", "system"]
+            .iter()
+            .map(|r| Arc::new(Message::from_value(json!({"role": r, "content": "x"})).unwrap()))
+            .collect();
+        let cfg = CompactionConfig {
+            user_verbatim_max_tokens: 10,
+            task_verbatim_max_tokens: 100,
+            ..Default::default()
+        };
+        let k = Keep::new(&msgs, &cfg);
+        assert_eq!(k.class(&msgs, 0, 50), Some(UserClass::Task));
+        assert_eq!(k.class(&msgs, 0, 500), Some(UserClass::Large));
+        assert_eq!(k.class(&msgs, 2, 5), Some(UserClass::Small));
+        assert_eq!(k.class(&msgs, 2, 50), Some(UserClass::Large));
+        assert_eq!(k.class(&msgs, 3, 5000), Some(UserClass::Last));
+        assert_eq!(k.class(&msgs, 1, 5), None);
+        let tokens = [500, 1, 50, 5000, 1];
+        assert!(k.is_verbatim(&msgs, &tokens, 4));
+        assert_eq!(k.work_tokens(&msgs, &tokens, 0, 5), 500 + 1 + 50);
+    }
+}

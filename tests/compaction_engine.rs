@@ -1,0 +1,213 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+//! Scenarios of the engine: live-turn folds, elision, reuse and invalidation of blocks,
+//! the summarizer fallback, the token cache and forced compaction.
+
+use async_trait::async_trait;
+use foldgate::compaction::{Engine, Options, Outcome, SessionState};
+use foldgate::config::CompactionConfig;
+use foldgate::model::{ChatRequest, DIGEST_MARKER, Role};
+use foldgate::summarizer::{ExtractiveSummarizer, Summarizer, SummarizerError, SummaryInput};
+use serde_json::{Value, json};
+
+fn words(n: usize, tag: &str) -> String {
+    (0..n).map(|i| format!("{tag}{} ", i % 50)).collect()
+}
+
+/// A system prompt, one task, then `rounds` tool rounds whose results have `size` words,
+/// all calls reusing the id `call_1`.
+fn live_turn(rounds: usize, size: usize) -> Vec<Value> {
+    let mut m = vec![
+        json!({"role": "system", "content": "You are a coding agent.", "x_sys": [1, 2]}),
+        json!({"role": "user", "content": "Fix the failing test in src/lib.rs. Never change the public API."}),
+    ];
+    for r in 0..rounds {
+        m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/mod_{r}.rs\"}}")}}]}));
+        m.push(json!({"role": "tool", "tool_call_id": "call_1", "content": format!("file {r}\n{}", words(size, "w"))}));
+    }
+    m
+}
+
+fn body(msgs: &[Value]) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "gpt-4o", "messages": msgs, "x_top": {"keep": true}}))
+        .unwrap()
+}
+
+fn run(
+    engine: &Engine,
+    body: &[u8],
+    state: &mut SessionState,
+    s: &dyn Summarizer,
+    opts: &Options,
+) -> Outcome {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(engine.compact(body, state, s, opts))
+        .unwrap()
+}
+
+fn compacted(o: &Outcome) -> ChatRequest {
+    match o {
+        Outcome::Compacted { body, .. } => ChatRequest::parse(body).unwrap(),
+        Outcome::Unchanged { report } => panic!("unchanged: {report:?}"),
+    }
+}
+
+fn window(n: usize) -> Options {
+    Options { window_cap: Some(n), ..Options::default() }
+}
+
+#[test]
+fn live_turn_folds_at_tool_group_boundaries() {
+    let engine = Engine::new(CompactionConfig { keep_last_tool_groups: 2, ..Default::default() });
+    let msgs = live_turn(12, 300);
+    let out = run(
+        &engine,
+        &body(&msgs),
+        &mut SessionState::default(),
+        &ExtractiveSummarizer,
+        &window(8000),
+    );
+    let report = out.report().clone();
+    assert_eq!(report.tier, 2, "{report:?}");
+    let fwd = compacted(&out);
+    let m = fwd.messages();
+    // system and task verbatim, then the digest, then the last two tool groups intact.
+    assert_eq!(m[0].raw(), serde_json::to_string(&msgs[0]).unwrap());
+    assert_eq!(m[1].raw(), serde_json::to_string(&msgs[1]).unwrap());
+    assert_eq!(m[2].role(), Role::Assistant);
+    assert!(m[2].text().starts_with(DIGEST_MARKER));
+    assert!(m[2].text().contains("read_file(path=src/mod_0.rs)"), "{}", m[2].text());
+    let tail: Vec<String> =
+        msgs[msgs.len() - 4..].iter().map(|v| serde_json::to_string(v).unwrap()).collect();
+    let fwd_tail: Vec<String> = m[3..].iter().map(|x| x.raw().to_owned()).collect();
+    assert_eq!(fwd_tail, tail);
+    assert!(report.tokens_after <= report.budget.target, "{report:?}");
+    let v: Value = serde_json::from_slice(&fwd.to_vec()).unwrap();
+    assert_eq!(v["x_top"], json!({"keep": true}));
+}
+
+#[test]
+fn old_large_tool_results_are_elided_first() {
+    // Two turns: an old large result, then a short recent turn.
+    let mut msgs = live_turn(1, 2000);
+    msgs.push(json!({"role": "assistant", "content": "Done reading."}));
+    msgs.push(json!({"role": "user", "content": "Now run the tests."}));
+    msgs.push(json!({"role": "assistant", "content": "Running."}));
+    msgs.push(json!({"role": "user", "content": "And report back."}));
+    let engine = Engine::new(CompactionConfig::default());
+    let out = run(
+        &engine,
+        &body(&msgs),
+        &mut SessionState::default(),
+        &ExtractiveSummarizer,
+        &window(8000),
+    );
+    assert_eq!(out.report().tier, 1, "{:?}", out.report());
+    assert_eq!(out.report().elided, 1);
+    let fwd = compacted(&out);
+    let stub = &fwd.messages()[3];
+    assert_eq!(stub.tool_call_id(), Some("call_1"));
+    assert!(
+        stub.text().contains("`read_file`") && stub.text().contains("first line: file 0"),
+        "{}",
+        stub.text()
+    );
+    assert_eq!(fwd.messages().len(), msgs.len());
+}
+
+#[test]
+fn blocks_are_reused_then_dropped_when_history_is_edited() {
+    let engine = Engine::new(CompactionConfig { keep_last_tool_groups: 2, ..Default::default() });
+    let mut msgs = live_turn(12, 300);
+    let mut state = SessionState::default();
+    let first =
+        compacted(&run(&engine, &body(&msgs), &mut state, &ExtractiveSummarizer, &window(8000)));
+    assert_eq!(state.blocks.len(), 1);
+    // One more round: the stored block is reused byte for byte.
+    msgs.extend(live_turn(13, 300).split_off(msgs.len()));
+    let out = run(&engine, &body(&msgs), &mut state, &ExtractiveSummarizer, &window(8000));
+    assert_eq!(out.report().blocks_reused, 1, "{:?}", out.report());
+    let second = compacted(&out);
+    for k in 0..3 {
+        assert_eq!(first.messages()[k].raw(), second.messages()[k].raw());
+    }
+    // The client edits an early message: the block no longer matches and is redone.
+    msgs[3]["content"] = json!("edited");
+    let out = run(&engine, &body(&msgs), &mut state, &ExtractiveSummarizer, &window(8000));
+    assert_eq!(out.report().blocks_invalidated, 1);
+    assert_eq!(out.report().blocks_new, 1);
+}
+
+struct Failing;
+
+#[async_trait]
+impl Summarizer for Failing {
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+    async fn summarize(&self, _: SummaryInput<'_>) -> Result<String, SummarizerError> {
+        Err(SummarizerError::Timeout)
+    }
+}
+
+#[test]
+fn failing_summarizer_falls_back_to_extractive() {
+    let engine = Engine::new(CompactionConfig::default());
+    let out = run(
+        &engine,
+        &body(&live_turn(12, 300)),
+        &mut SessionState::default(),
+        &Failing,
+        &window(8000),
+    );
+    let r = out.report();
+    assert_eq!(r.summarizer.as_deref(), Some("extractive"));
+    assert_eq!(r.summarizer_error.as_deref(), Some("summarizer timed out"));
+    assert!(r.artifact_recall.is_some());
+}
+
+#[test]
+fn resent_conversation_tokenizes_only_the_new_message() {
+    let engine = Engine::new(CompactionConfig::default());
+    let mut msgs = live_turn(6, 50);
+    let mut state = SessionState::default();
+    let opts = Options { force: true, ..Options::default() };
+    run(&engine, &body(&msgs), &mut state, &ExtractiveSummarizer, &opts);
+    let (_, misses_before) = state.token_cache.stats();
+    msgs.push(json!({"role": "assistant", "content": "All done."}));
+    let out = run(&engine, &body(&msgs), &mut state, &ExtractiveSummarizer, &opts);
+    let (_, misses_after) = state.token_cache.stats();
+    assert_eq!(misses_after - misses_before, 1, "{:?}", out.report());
+}
+
+#[test]
+fn force_compacts_below_the_trigger() {
+    let engine = Engine::new(CompactionConfig { keep_last_tool_groups: 2, ..Default::default() });
+    let b = body(&live_turn(12, 300));
+    let plain =
+        run(&engine, &b, &mut SessionState::default(), &ExtractiveSummarizer, &Options::default());
+    assert!(matches!(plain, Outcome::Unchanged { .. }));
+    let opts = Options { force: true, target_ratio: Some(0.01), ..Options::default() };
+    let forced = run(&engine, &b, &mut SessionState::default(), &ExtractiveSummarizer, &opts);
+    assert!(forced.report().forced);
+    assert!(
+        forced.report().tokens_after < forced.report().tokens_before / 2,
+        "{:?}",
+        forced.report()
+    );
+}
+
+#[test]
+fn not_a_chat_request_is_an_error() {
+    let engine = Engine::new(CompactionConfig::default());
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let r = rt.block_on(engine.compact(
+        b"{\"input\": 1}",
+        &mut SessionState::default(),
+        &ExtractiveSummarizer,
+        &Options::default(),
+    ));
+    assert!(r.is_err());
+}
