@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod client;
 pub mod commands;
 pub mod compaction;
 pub mod compactor;

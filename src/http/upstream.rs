@@ -7,14 +7,11 @@ use std::time::Duration;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::ProxyBody;
 use super::error::ProxyError;
-use crate::config::{TlsRoots, UpstreamConfig};
+use crate::client::{HttpsClient, https_client};
+use crate::config::UpstreamConfig;
 
 /// Why the upstream client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +27,7 @@ pub enum UpstreamSetupError {
 /// The provider foldgate forwards to.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    client: HttpsClient<ProxyBody>,
     scheme: Scheme,
     authority: Authority,
     /// Base path without a trailing slash, e.g. `/v1` or `/api/v1`.
@@ -49,26 +46,7 @@ impl Upstream {
             uri.authority().cloned().ok_or_else(|| UpstreamSetupError::Url("no host".into()))?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
 
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(config.connect_timeout));
-        let provider = rustls::crypto::ring::default_provider();
-        let builder = match config.tls_roots {
-            TlsRoots::Webpki => HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|e| UpstreamSetupError::Tls(e.to_string()))?,
-            TlsRoots::System => HttpsConnectorBuilder::new()
-                .with_provider_and_native_roots(provider)
-                .map_err(|e| UpstreamSetupError::Tls(e.to_string()))?,
-        };
-        let connector = builder.https_or_http().enable_all_versions().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_max_idle_per_host(config.pool_max_idle_per_host)
-            .build(connector);
+        let client = https_client(config).map_err(|e| UpstreamSetupError::Tls(e.to_string()))?;
         Ok(Self {
             client,
             scheme,

@@ -1,6 +1,5 @@
 //! The summarizer's own HTTP client: one pooled hyper-util client (HTTP/1.1 and HTTP/2,
-//! rustls with the ring provider), built the way the proxy builds its upstream client
-//! but independent of `crate::http`, and one JSON POST that classifies what went wrong.
+//! rustls, from `crate::client`), and one JSON POST that classifies what went wrong.
 
 use std::error::Error as _;
 
@@ -8,13 +7,10 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::LlmSetupError;
-use crate::config::{TlsRoots, UpstreamConfig};
+use crate::client::{HttpsClient, https_client};
+use crate::config::UpstreamConfig;
 use crate::summarizer::SummarizerError;
 
 /// Largest answer body read; a digest is a few kilobytes.
@@ -25,32 +21,13 @@ pub const SUMMARY_HEADER: &str = "x-foldgate-summary";
 /// A pooled HTTPS/HTTP client for JSON POSTs.
 #[derive(Clone)]
 pub struct JsonClient {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient<Full<Bytes>>,
 }
 
 impl JsonClient {
     /// A client with the upstream's connect timeout, pool settings and TLS roots.
     pub fn new(upstream: &UpstreamConfig) -> Result<Self, LlmSetupError> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(upstream.connect_timeout));
-        let provider = rustls::crypto::ring::default_provider();
-        let builder = match upstream.tls_roots {
-            TlsRoots::Webpki => HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|e| LlmSetupError::Tls(e.to_string()))?,
-            TlsRoots::System => HttpsConnectorBuilder::new()
-                .with_provider_and_native_roots(provider)
-                .map_err(|e| LlmSetupError::Tls(e.to_string()))?,
-        };
-        let connector = builder.https_or_http().enable_all_versions().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(upstream.pool_idle_timeout)
-            .pool_max_idle_per_host(upstream.pool_max_idle_per_host)
-            .build(connector);
+        let client = https_client(upstream).map_err(|e| LlmSetupError::Tls(e.to_string()))?;
         Ok(Self { client })
     }
 
