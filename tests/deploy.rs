@@ -206,3 +206,35 @@ fn docker_compose_config_validates_where_the_plugin_exists() {
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }
+
+/// Metric names registered in `src/metrics.rs` (`field: counter("name", ...)` and the like).
+fn defined_metrics() -> Vec<String> {
+    let source = std::fs::read_to_string(repo("src/metrics.rs")).unwrap();
+    let mut names: Vec<String> = [": counter(", ": histogram(", ": plain_histogram("]
+        .iter()
+        .flat_map(|marker| source.match_indices(marker).map(|(i, m)| &source[i + m.len()..]))
+        .filter_map(|rest| rest.trim_start().strip_prefix('"')?.split('"').next())
+        .map(|name| format!("foldgate_{name}"))
+        .collect();
+    names.extend(source.match_indices("IntGauge::new(").filter_map(|(i, m)| {
+        let rest = source[i + m.len()..].trim_start().strip_prefix('"')?;
+        rest.split('"').next().map(str::to_owned)
+    }));
+    names.sort();
+    names
+}
+
+#[test]
+fn the_readme_metrics_table_lists_exactly_the_defined_metrics() {
+    let defined = defined_metrics();
+    assert!(defined.len() >= 16, "{defined:?}");
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let section = readme.split("## Metrics and dashboards").nth(1).expect("the section");
+    let mut listed: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `foldgate_"))
+        .map(|rest| format!("foldgate_{}", rest.split('`').next().unwrap()))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, defined);
+}
