@@ -161,6 +161,12 @@ fn the_dashboard_uses_its_datasource_variable_and_only_defined_metrics() {
         (Some("datasource"), Some("datasource"))
     );
     assert_eq!(variable["query"], "prometheus");
+    assert_eq!(dashboard["schemaVersion"], 39);
+    assert_eq!(dashboard["uid"], "foldgate", "a stable uid for links");
+    let ids: Vec<u64> =
+        dashboard["panels"].as_array().unwrap().iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    let unique: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "panel ids are unique: {ids:?}");
     let source = std::fs::read_to_string(repo("src/metrics.rs")).unwrap();
     let expected_ds = serde_json::json!({"type": "prometheus", "uid": "${datasource}"});
     let panels = dashboard["panels"].as_array().unwrap();
