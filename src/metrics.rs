@@ -2,6 +2,8 @@
 //! text in this file, labels bounded by construction (typed label enums, normalised model
 //! names; never sessions, tenants, paths with ids or prompt text).
 
+use crate::compactor::ChatOutcome;
+use crate::summarizer::FailureReason;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -95,7 +97,8 @@ pub struct Metrics {
     registry: Registry,
     /// Requests by route and status class.
     pub requests: IntCounterVec,
-    /// Chat requests by outcome (`passthrough`, `compacted`, `observed`, `failed_open`).
+    /// Chat requests by outcome (`passthrough`, `compacted`, `observed`, `failed_open`,
+    /// `not_chat`: a body foldgate does not understand, forwarded as is).
     pub chat_requests: IntCounterVec,
     /// Prompt tokens of chat requests as received, by model.
     pub prompt_tokens_before: IntCounterVec,
@@ -121,7 +124,7 @@ pub struct Metrics {
     pub upstream_usage_tokens: IntCounterVec,
     /// Conversations held by the session store.
     pub active_sessions: IntGauge,
-    /// Session store failures by operation (`load`, `save`).
+    /// Session store failures (`access`: a load or a save failed).
     pub store_errors: IntCounterVec,
     /// Retries after a context-length error, by result (`retried`, `nothing_to_compact`).
     pub overflow_retries: IntCounterVec,
@@ -251,7 +254,33 @@ impl Metrics {
                 &["result"],
             )?,
             registry,
-        })
+        }
+        .with_known_labels())
+    }
+
+    /// Creates the series of every known label value at zero, so that counters of rare
+    /// events (store errors, overflow retries, summarizer failures) are exported from
+    /// start-up: `rate()` then reads 0 instead of "no data", and the first increment is
+    /// not lost to a series that did not exist at the previous scrape.
+    fn with_known_labels(self) -> Self {
+        let outcomes = [
+            ChatOutcome::Passthrough,
+            ChatOutcome::Compacted,
+            ChatOutcome::Observed,
+            ChatOutcome::FailedOpen,
+        ];
+        for outcome in outcomes.map(ChatOutcome::as_str).into_iter().chain(["not_chat"]) {
+            self.chat_requests.with_label_values(&[outcome]);
+        }
+        for reason in FailureReason::ALL {
+            self.summarizer_failures.with_label_values(&[reason.as_str()]);
+        }
+        self.summarizer_failures.with_label_values(&["failed"]);
+        for result in ["retried", "nothing_to_compact"] {
+            self.overflow_retries.with_label_values(&[result]);
+        }
+        self.store_errors.with_label_values(&["access"]);
+        self
     }
 
     /// The Prometheus text exposition of every metric.

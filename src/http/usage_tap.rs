@@ -151,6 +151,11 @@ impl Body for UsageTap {
                     let data = data.clone();
                     self.observe(&data);
                 }
+                // hyper stops polling a body that reports its end (e.g. once the
+                // content-length is reached), so the end is seen here, not as `None`.
+                if self.inner.is_end_stream() {
+                    self.finish();
+                }
             }
             Poll::Ready(None) => self.finish(),
             _ => {}
@@ -223,6 +228,24 @@ mod tests {
             text.contains(
                 r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 50"#
             ),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn records_when_the_body_reports_its_end_without_a_final_poll() {
+        // hyper stops polling once `is_end_stream()` is true, as for a complete
+        // content-length body: usage must be recorded with the last frame.
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let json = r#"{"usage":{"prompt_tokens":9,"completion_tokens":1}}"#;
+        let mut tap =
+            UsageTap::new(full(json), Some("application/json"), false, metrics.clone(), "o3");
+        let frame = tap.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), json);
+        assert!(tap.is_end_stream());
+        let text = String::from_utf8(metrics.render()).unwrap();
+        assert!(
+            text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="o3"} 9"#),
             "{text}"
         );
     }
