@@ -98,7 +98,8 @@ pub struct Metrics {
     /// Requests by route and status class.
     pub requests: IntCounterVec,
     /// Chat requests by outcome (`passthrough`, `compacted`, `observed`, `failed_open`,
-    /// `not_chat`: a body foldgate does not understand, forwarded as is).
+    /// `not_chat`: a body foldgate does not understand, forwarded as is; `disabled`:
+    /// compaction is off).
     pub chat_requests: IntCounterVec,
     /// Prompt tokens of chat requests as received, by model.
     pub prompt_tokens_before: IntCounterVec,
@@ -269,7 +270,8 @@ impl Metrics {
             ChatOutcome::Observed,
             ChatOutcome::FailedOpen,
         ];
-        for outcome in outcomes.map(ChatOutcome::as_str).into_iter().chain(["not_chat"]) {
+        for outcome in outcomes.map(ChatOutcome::as_str).into_iter().chain(["not_chat", "disabled"])
+        {
             self.chat_requests.with_label_values(&[outcome]);
         }
         for reason in FailureReason::ALL {

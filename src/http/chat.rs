@@ -15,7 +15,7 @@ use super::error::ProxyError;
 use super::passthrough::{self, build_request, client_response, declared_length};
 use super::session_key::session_key;
 use super::upstream::Upstream;
-use super::usage_tap::UsageTap;
+use super::usage_tap::tapped;
 use crate::compaction::{Options, Report};
 use crate::compactor::{ChatOutcome, Compactor, Decision};
 use crate::metrics::{Metrics, Route, model_label};
@@ -68,6 +68,9 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if !chat.enabled || request.headers().contains_key(SUMMARY_HEADER) {
+        if !chat.enabled {
+            metrics.chat_requests.with_label_values(&["disabled"]).inc();
+        }
         return passthrough::forward(upstream, max_body, metrics, request).await;
     }
     if declared_length(request.headers()).is_some_and(|len| len > max_body) {
@@ -95,7 +98,7 @@ pub async fn handle(
         chat.compactor.decide(&key, &parsed, summarizer.clone(), &Options::default()).await;
     log_decision(&decision, false);
     let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
-    let response = tapped(client_response(response), metrics, model);
+    let response = tapped(client_response(response), metrics, Some(model));
     let tag = |response, decision: &Decision, retried| {
         record(metrics, chat, decision, model);
         with_report_headers(response, decision, key.as_str(), retried)
@@ -126,7 +129,7 @@ pub async fn handle(
     };
     metrics.overflow_retries.with_label_values(&["retried"]).inc();
     let response = send(upstream, metrics, started, &parts, body).await?;
-    Ok(tag(tapped(client_response(response), metrics, model), &retry, true))
+    Ok(tag(tapped(client_response(response), metrics, Some(model)), &retry, true))
 }
 
 /// Records what happened to one chat request.
@@ -157,29 +160,6 @@ fn record(metrics: &Metrics, chat: &ChatState, decision: &Decision, model: &'sta
 
 /// Tier numbers as label values (3, goal batch, is not built yet).
 const TIERS: [&str; 5] = ["0", "1", "2", "3", "4"];
-
-/// Wraps the chat response body so upstream usage reaches the metrics.
-fn tapped(
-    response: Response<ProxyBody>,
-    metrics: &Arc<Metrics>,
-    model: &'static str,
-) -> Response<ProxyBody> {
-    let content_type = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let encoded = response.headers().contains_key(header::CONTENT_ENCODING);
-    response.map(|body| {
-        http_body_util::BodyExt::boxed_unsync(UsageTap::new(
-            body,
-            content_type.as_deref(),
-            encoded,
-            metrics.clone(),
-            model,
-        ))
-    })
-}
 
 /// A summarizer whose calls are timed and whose failures are counted.
 struct Timed {

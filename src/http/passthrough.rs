@@ -12,13 +12,14 @@ use super::body::{Limited, ProxyBody, boxed};
 use super::error::ProxyError;
 use super::headers::strip_hop_by_hop;
 use super::upstream::Upstream;
+use super::usage_tap::tapped;
 use crate::metrics::{Metrics, Route};
 
 /// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the request.
 pub async fn forward(
     upstream: &Upstream,
     max_body: u64,
-    metrics: &Metrics,
+    metrics: &Arc<Metrics>,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let started = Instant::now();
@@ -35,7 +36,7 @@ pub async fn forward(
     let result = upstream.send(outgoing).await;
     metrics.upstream_ttfb.with_label_values(&route).observe(sent.elapsed().as_secs_f64());
     match result {
-        Ok(response) => Ok(client_response(response)),
+        Ok(response) => Ok(tapped(client_response(response), metrics, None)),
         Err(_) if exceeded.load(Ordering::Acquire) => {
             Err(ProxyError::BodyTooLarge { limit: max_body })
         }

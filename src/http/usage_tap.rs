@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use serde_json::Value;
 
 use super::body::{BoxError, ProxyBody};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, model_label};
 
 /// JSON bodies larger than this are not parsed for usage.
 const MAX_JSON: usize = 4 * 1024 * 1024;
@@ -34,17 +34,20 @@ impl Usage {
     pub fn from_value(usage: &Value) -> Option<Self> {
         let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
         let usage = usage.as_object()?;
+        // Chat completions name them prompt/completion; the Responses API input/output.
+        let either = |a: &str, b: &str| usage.get(a).or_else(|| usage.get(b));
+        let details = either("prompt_tokens_details", "input_tokens_details");
         Some(Self {
-            prompt: n(usage.get("prompt_tokens")),
-            completion: n(usage.get("completion_tokens")),
-            cached: n(usage.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens"))),
+            prompt: n(either("prompt_tokens", "input_tokens")),
+            completion: n(either("completion_tokens", "output_tokens")),
+            cached: n(details.and_then(|d| d.get("cached_tokens"))),
         })
     }
 }
 
 enum Format {
     Json(BytesMut),
-    Sse { line: BytesMut, last: Option<Usage> },
+    Sse { line: BytesMut, last: Option<(Usage, &'static str)> },
     Ignored,
 }
 
@@ -53,18 +56,19 @@ pub struct UsageTap {
     inner: ProxyBody,
     format: Format,
     metrics: Arc<Metrics>,
-    model: &'static str,
+    model: Option<&'static str>,
     recorded: bool,
 }
 
 impl UsageTap {
-    /// Wraps `inner`; `content_type` and `content_encoding` decide how it is read.
+    /// Wraps `inner`; `content_type` and `content_encoding` decide how it is read. Usage
+    /// is labelled with `model` (the request's, normalised) or else the response's own.
     pub fn new(
         inner: ProxyBody,
         content_type: Option<&str>,
         encoded: bool,
         metrics: Arc<Metrics>,
-        model: &'static str,
+        model: Option<&'static str>,
     ) -> Self {
         let format = match content_type.unwrap_or("") {
             _ if encoded => Format::Ignored,
@@ -107,17 +111,17 @@ impl UsageTap {
         if std::mem::replace(&mut self.recorded, true) {
             return;
         }
-        let usage = match &mut self.format {
-            Format::Json(buf) => serde_json::from_slice::<Value>(buf)
-                .ok()
-                .and_then(|v| v.get("usage").and_then(Usage::from_value)),
+        let found = match &mut self.format {
+            Format::Json(buf) => {
+                serde_json::from_slice::<Value>(buf).ok().as_ref().and_then(usage_in)
+            }
             Format::Sse { line, last } => sse_usage(line).or(*last),
             Format::Ignored => None,
         };
-        if let Some(usage) = usage {
-            let counter = |kind: &str| {
-                self.metrics.upstream_usage_tokens.with_label_values(&[self.model, kind])
-            };
+        if let Some((usage, answered_by)) = found {
+            let model = self.model.unwrap_or(answered_by);
+            let counter =
+                |kind: &str| self.metrics.upstream_usage_tokens.with_label_values(&[model, kind]);
             counter("prompt").inc_by(usage.prompt);
             counter("completion").inc_by(usage.completion);
             counter("cached").inc_by(usage.cached);
@@ -126,14 +130,23 @@ impl UsageTap {
 }
 
 /// Usage in one SSE line `data: {...}`, if it carries any.
-fn sse_usage(line: &[u8]) -> Option<Usage> {
+fn sse_usage(line: &[u8]) -> Option<(Usage, &'static str)> {
     let payload = line.strip_prefix(b"data:")?;
     // Cheap filter first: most chunks carry no usage.
     if !payload.windows(7).any(|w| w == b"\"usage\"") {
         return None;
     }
     let value: Value = serde_json::from_slice(payload.trim_ascii()).ok()?;
-    value.get("usage").and_then(Usage::from_value)
+    usage_in(&value)
+}
+
+/// The usage of an answer (top-level, or under `response` in Responses API events) and
+/// the normalised model that answered.
+fn usage_in(value: &Value) -> Option<(Usage, &'static str)> {
+    let holder = if value.get("usage").is_some() { value } else { value.get("response")? };
+    let usage = holder.get("usage").and_then(Usage::from_value)?;
+    let model = holder.get("model").and_then(Value::as_str).map_or("other", model_label);
+    Some((usage, model))
 }
 
 impl Body for UsageTap {
@@ -172,6 +185,22 @@ impl Body for UsageTap {
     }
 }
 
+/// Wraps a response's body in a [`UsageTap`].
+pub fn tapped(
+    response: http::Response<ProxyBody>,
+    metrics: &Arc<Metrics>,
+    model: Option<&'static str>,
+) -> http::Response<ProxyBody> {
+    let headers = response.headers();
+    let content_type =
+        headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let encoded = headers.contains_key(http::header::CONTENT_ENCODING);
+    response.map(|body| {
+        let tap = UsageTap::new(body, content_type.as_deref(), encoded, metrics.clone(), model);
+        http_body_util::BodyExt::boxed_unsync(tap)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use http_body_util::BodyExt;
@@ -188,7 +217,7 @@ mod tests {
                 .collect::<Vec<_>>(),
         );
         let body = http_body_util::StreamBody::new(stream).boxed_unsync();
-        let tap = UsageTap::new(body, Some(content_type), false, metrics.clone(), "gpt-4o");
+        let tap = UsageTap::new(body, Some(content_type), false, metrics.clone(), Some("gpt-4o"));
         let bytes = tap.collect().await.unwrap().to_bytes();
         assert_eq!(bytes, chunks.concat(), "bytes pass unchanged");
         String::from_utf8(metrics.render()).unwrap()
@@ -239,7 +268,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new().unwrap());
         let json = r#"{"usage":{"prompt_tokens":9,"completion_tokens":1}}"#;
         let mut tap =
-            UsageTap::new(full(json), Some("application/json"), false, metrics.clone(), "o3");
+            UsageTap::new(full(json), Some("application/json"), false, metrics.clone(), Some("o3"));
         let frame = tap.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), json);
         assert!(tap.is_end_stream());
@@ -253,10 +282,27 @@ mod tests {
     #[tokio::test]
     async fn other_bodies_are_ignored() {
         let metrics = Arc::new(Metrics::new().unwrap());
-        let tap = UsageTap::new(full("plain"), Some("text/plain"), false, metrics.clone(), "other");
+        let tap = UsageTap::new(full("plain"), Some("text/plain"), false, metrics.clone(), None);
         assert_eq!(tap.collect().await.unwrap().to_bytes(), "plain");
         assert!(
             !String::from_utf8(metrics.render()).unwrap().contains("upstream_usage_tokens_total{")
         );
+    }
+
+    #[tokio::test]
+    async fn without_a_request_model_the_answering_model_labels_usage() {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let json = r#"{"object":"response","model":"gpt-4.1-mini-2025-04-14","usage":{"input_tokens":30,"output_tokens":4,"input_tokens_details":{"cached_tokens":10}}}"#;
+        let tap = UsageTap::new(full(json), Some("application/json"), false, metrics.clone(), None);
+        tap.collect().await.unwrap();
+        let text = String::from_utf8(metrics.render()).unwrap();
+        let line = |kind: &str, n: u32| {
+            format!(
+                r#"foldgate_upstream_usage_tokens_total{{kind="{kind}",model="gpt-4.1-mini"}} {n}"#
+            )
+        };
+        assert!(text.contains(&line("prompt", 30)), "{text}");
+        assert!(text.contains(&line("completion", 4)));
+        assert!(text.contains(&line("cached", 10)));
     }
 }
