@@ -28,35 +28,16 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-const COMPLETION: &str = r#"{"id":"c","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+#[path = "support/traces.rs"]
+mod traces;
 
-/// An agent conversation of about `tokens` tokens (o200k), tool ids reused.
-fn conversation(tokens: usize) -> Vec<Value> {
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent in a Rust repository."}),
-        json!({"role": "user", "content": "Make the integration tests pass without touching the public API."}),
-    ];
-    let mut round = 0;
-    // About 1,100 tokens per round.
-    while round * 1_100 < tokens {
-        let id = format!("call_{}", round % 4);
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
-            "function": {"name": "read_file", "arguments": json!({"path": format!("src/m{round}.rs")}).to_string()}}]}));
-        let text: String = (0..40)
-            .map(|l| {
-                format!("    let value_{l} = compute(input_{round}, {l}) + offset; // line {l}\n")
-            })
-            .collect();
-        messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
-        round += 1;
-    }
-    messages
-}
+const COMPLETION: &str = r#"{"id":"c","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
 
 fn body(history: &[Value], turn: usize) -> Bytes {
     let mut messages = history.to_vec();
     messages.push(json!({"role": "assistant", "content": format!("Step {turn} done.")}));
     messages.push(json!({"role": "user", "content": format!("Continue with step {}.", turn + 1)}));
+    // gpt-4o: a 128k window; 100k prompt tokens are past the 0.75 trigger.
     let body = json!({"model": "gpt-4o", "messages": messages, "max_tokens": 1024});
     Bytes::from(serde_json::to_vec(&body).unwrap())
 }
@@ -174,16 +155,36 @@ fn main() {
         let mock = start_mock().await;
         let warm = start_foldgate(mock, true);
         let plain = start_foldgate(mock, false);
-        let history = conversation(100_000);
+        let history = traces::conversation(108_000);
         // One distinct request per send: the stored history plus one new exchange.
         let bodies: Vec<Bytes> = (0..(rate * seconds) as usize).map(|turn| body(&history, turn)).collect();
         println!("request body: {} KB, {} messages", bodies[0].len() / 1024, history.len() + 2);
 
         // Warm up: the first request folds (extractive digest) and stores the blocks.
         let started = Instant::now();
-        let first = load(warm, &bodies[..1], "warm", 1, 1).await;
-        assert_eq!(first.errors, 0);
-        println!("cold first request (fold + store): {:.1} ms", started.elapsed().as_secs_f64() * 1000.0);
+        let client: Client<HttpConnector, Full<Bytes>> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let first = client
+            .request(
+                Request::post(format!("http://{warm}/v1/chat/completions"))
+                    .header("authorization", "Bearer bench")
+                    .header("x-session-id", "warm")
+                    .body(Full::new(bodies[0].clone()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let header = |name: &str| {
+            first.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned()
+        };
+        println!(
+            "cold first request: {:.1} ms, outcome {}, prompt tokens {} -> {}",
+            started.elapsed().as_secs_f64() * 1000.0,
+            header("x-foldgate-outcome"),
+            header("x-foldgate-tokens-before"),
+            header("x-foldgate-tokens-after"),
+        );
+        assert_eq!(header("x-foldgate-outcome"), "compacted");
         load(warm, &bodies[..rate as usize], "warm", rate, 1).await;
 
         println!("\n| path | p50 ms | p99 ms | max ms | errors |\n| --- | --- | --- | --- | --- |");
