@@ -8,7 +8,6 @@
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
-
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use foldgate::compaction::tokens::{Encoding, message_tokens};
 use foldgate::compaction::{Budget, Engine, Options, SessionState, TokenCache};
