@@ -8,8 +8,6 @@
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
-use std::sync::Arc;
-
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use foldgate::compaction::tokens::{Encoding, message_tokens};
 use foldgate::compaction::{Budget, Engine, Options, SessionState, TokenCache};
@@ -31,20 +29,16 @@ fn conversation(tokens: usize) -> Vec<Value> {
     let mut total = 0;
     'outer: for s in sessions {
         for m in s["messages"].as_array().unwrap() {
-            // Stop at the target, but never between a call and its results.
-            if total >= tokens && m["role"] != "tool" {
-                break 'outer;
-            }
             if !out.is_empty() && m["role"] == "system" {
                 continue;
             }
             total += message_tokens(Encoding::O200kBase, &Message::from_value(m.clone()).unwrap());
             out.push(m.clone());
+            // Stop at the target on a user message, as a request ends.
+            if total >= tokens && m["role"] == "user" {
+                break 'outer;
+            }
         }
-    }
-    // End on a user message, as a request does.
-    while out.last().is_some_and(|m| m["role"] == "assistant") {
-        out.pop();
     }
     out
 }
@@ -79,7 +73,7 @@ fn ordinary_text(bytes: usize) -> String {
 
 fn engine_benches(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let msgs = conversation(102_000);
+    let msgs = conversation(100_000);
     let full = body(&msgs);
     let req = ChatRequest::parse(&full).unwrap();
     let engine = Engine::new(CompactionConfig::default());
@@ -115,21 +109,21 @@ fn engine_benches(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
-    // Warm: the conversation minus its last exchange was compacted before; the request
-    // adds one message.
-    let cut = msgs.iter().rposition(|m| m["role"] == "assistant").unwrap();
-    let earlier = ChatRequest::parse(&body(&msgs[..cut])).unwrap();
+    // Warm: the conversation without its last message was compacted before; the request
+    // adds that message (the newest user turn).
+    let last = req.messages().len() - 1;
+    let earlier = req.with_messages(req.messages()[..last].to_vec());
+    let next = req.clone();
     let mut warm = SessionState::default();
     let first = rt
         .block_on(engine.compact_request(&earlier, &mut warm, &ExtractiveSummarizer, &opts))
         .unwrap();
-    let next: Vec<Arc<Message>> = req.messages()[..=cut].to_vec();
-    let next = req.with_messages(next);
     let out = rt
         .block_on(engine.compact_request(&next, &mut warm.clone(), &ExtractiveSummarizer, &opts))
         .unwrap();
     eprintln!(
-        "warm setup: first tier {} blocks {}; warm tier {} reused {} new {}",
+        "warm setup: new message {} bytes; first tier {} blocks {}; warm tier {} reused {} new {}",
+        req.messages()[last].raw().len(),
         first.report().tier,
         warm.blocks.len(),
         out.report().tier,
@@ -140,6 +134,19 @@ fn engine_benches(c: &mut Criterion) {
     g.bench_function("warm_100k_tokens_one_new_message", |b| {
         b.iter_batched(
             || warm.clone(),
+            |mut st| {
+                rt.block_on(engine.compact_request(&next, &mut st, &ExtractiveSummarizer, &opts))
+                    .unwrap()
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    // The same, with the new message's count already cached: planning alone.
+    let mut counted = warm.clone();
+    engine.count_prompt(&next, &budget, &mut counted.token_cache);
+    g.bench_function("warm_100k_tokens_new_message_counted", |b| {
+        b.iter_batched(
+            || counted.clone(),
             |mut st| {
                 rt.block_on(engine.compact_request(&next, &mut st, &ExtractiveSummarizer, &opts))
                     .unwrap()

@@ -77,7 +77,7 @@ pub fn render(r: &Report) -> String {
     } else {
         100.0
     };
-    let approx = if r.tokens_before_exact { "" } else { "≤ " };
+    let approx = if r.tokens_before_exact { "" } else { "~" };
     let mut s = format!(
         "model {} ({}), window {}, reserve {}, budget {} (trigger {}, target {})\n",
         b.model,

@@ -279,6 +279,26 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
             println!("{}", line(s));
         }
         println!("{}", line(&total));
+        let count = |c: u8| total.violations.get(&c).copied().unwrap_or(0);
+        println!(
+            "checks: (1) tool calls answered: {} violations, (2) small user messages verbatim: {}, \
+             (3) pinned unchanged: {}, (4) fits window - reserve: {}",
+            count(1),
+            count(2),
+            count(3),
+            count(4)
+        );
+        println!(
+            "total: {} conversations, {} requests ({} compacted), peak {} -> {} tokens, \
+             {:.1}% of prompt tokens sent, {} folds",
+            all.len(),
+            total.requests,
+            total.compacted,
+            total.peak_before,
+            total.peak_after,
+            total.ratio() * 100.0,
+            total.folds
+        );
         if let Some(v) = &total.first_violation {
             println!("first violation: {v}");
         }

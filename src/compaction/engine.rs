@@ -110,9 +110,10 @@ impl Engine {
         if !opts.force && (blocks.is_empty() || !cfg.enabled) {
             let upper = counter.message_upper_bound_total(msgs, tools_raw);
             if upper <= budget.trigger || !cfg.enabled {
-                report.tokens_before = upper;
+                let estimate = counter.estimate_total(msgs, tools_raw).min(upper);
+                report.tokens_before = estimate;
                 report.tokens_before_exact = false;
-                report.tokens_after = upper;
+                report.tokens_after = estimate;
                 report.fits = upper <= budget.budget;
                 report.blocks_reused = 0;
                 return Ok(Outcome::Unchanged { report });

@@ -131,14 +131,29 @@ fn append_artifacts(mut body: String, missing: &[&Artifact], max_chars: usize) -
     if !ends_with_artifacts {
         body.push_str("\n\n## Key artifacts");
     }
-    let mut used = 0;
+    // One line per kind, in the order the kinds first appear, within `max_chars`.
+    let mut kinds: Vec<_> = Vec::new();
     for a in missing {
-        let line = format!("\n- {}: {}", a.kind.label(), a.text);
-        if used + line.len() > max_chars {
-            break;
+        if !kinds.contains(&a.kind) {
+            kinds.push(a.kind);
         }
-        used += line.len();
-        body.push_str(&line);
+    }
+    let mut used = 0;
+    for kind in kinds {
+        let mut line = format!("\n- {}:", kind.label());
+        let mut any = false;
+        for a in missing.iter().filter(|a| a.kind == kind) {
+            let item = format!(" {}{}", if any { "| " } else { "" }, a.text);
+            if used + line.len() + item.len() > max_chars {
+                break;
+            }
+            line.push_str(&item);
+            any = true;
+        }
+        if any {
+            used += line.len();
+            body.push_str(&line);
+        }
     }
     body
 }
@@ -162,5 +177,9 @@ mod tests {
         assert!(out.ends_with("## Key artifacts\n- Files: src/a.rs"));
         let out = append_artifacts("x".into(), &[&a], 5);
         assert!(!out.contains("src/a.rs"));
+        let b = Artifact { kind: ArtifactKind::Path, text: "src/b.rs".into() };
+        let t = Artifact { kind: ArtifactKind::Test, text: "test_x".into() };
+        let out = append_artifacts("x".into(), &[&a, &t, &b], 200);
+        assert!(out.ends_with("- Files: src/a.rs | src/b.rs\n- Tests: test_x"), "{out}");
     }
 }

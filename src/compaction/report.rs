@@ -12,7 +12,9 @@ pub struct Report {
     pub budget: Budget,
     /// Prompt tokens of the original request.
     pub tokens_before: usize,
-    /// False when `tokens_before` is the cheap upper bound (far below the trigger).
+    /// False when the request was far enough below the trigger that it was not
+    /// tokenized: `tokens_before` (and `tokens_after`) are then an estimate (cached
+    /// counts, about four bytes of JSON per token elsewhere).
     pub tokens_before_exact: bool,
     /// Prompt tokens of the forwarded request.
     pub tokens_after: usize,

@@ -57,11 +57,33 @@ pub struct Artifact {
 
 /// Lines of one message scanned at most (bounds the work on huge outputs).
 const MAX_LINES: usize = 400;
+/// Artifacts one tool result may add.
+const PER_RESULT: usize = 6;
 /// Longest artifact kept, in characters.
 const MAX_LEN: usize = 160;
 
-const ERROR_CUES: &[&str] =
-    &["Error", "error:", "Exception", "Traceback", "FAILED", "panicked", "fatal:", "not found"];
+const ERROR_CUES: &[&str] = &[
+    "Error: ",
+    "error: ",
+    "Exception: ",
+    "FAILED",
+    "panicked at",
+    "No such file",
+    "command not found",
+    "Permission denied",
+    "not found",
+];
+
+/// True for a line that reports an error (a failing test, an exception, a shell error),
+/// and not for code or file listings that merely mention one (`errors.py`,
+/// `except ValueError:`).
+pub fn is_error_line(line: &str) -> bool {
+    let t = line.trim_start();
+    ["Traceback", "Error:", "Error ", "error:", "error[", "ERROR", "E   ", "fatal:"]
+        .iter()
+        .any(|p| t.starts_with(p))
+        || ERROR_CUES.iter().any(|cue| line.contains(cue))
+}
 const SOURCE_EXTS: &[&str] = &[
     "py", "rs", "js", "ts", "tsx", "jsx", "go", "java", "c", "h", "cc", "cpp", "hpp", "rb", "php",
     "cs", "kt", "swift", "json", "toml", "yaml", "yml", "md", "txt", "cfg", "ini", "sh", "html",
@@ -78,6 +100,8 @@ fn truncate(s: &str, max: usize) -> String {
 struct Collector {
     seen: HashSet<(ArtifactKind, String)>,
     out: Vec<Artifact>,
+    /// Scanning tool results: bare file names (listings) are noise there.
+    strict: bool,
 }
 
 impl Collector {
@@ -140,12 +164,20 @@ fn scan_text(c: &mut Collector, text: &str) {
         } else if let Some(cmd) = trimmed.strip_prefix("$ ") {
             c.add(ArtifactKind::Command, cmd);
         }
-        if ERROR_CUES.iter().any(|cue| line.contains(cue)) {
+        if is_error_line(line) {
             c.add(ArtifactKind::Error, trimmed);
         }
         for raw in line.split(|ch: char| ch.is_whitespace() || "\"'`()[]{},;<>=|".contains(ch)) {
             let w = raw.trim_end_matches(['.', ':', '!', '?']);
             if w.len() < 3 {
+                continue;
+            }
+            // In tool results, bare file names and directories are listings, not
+            // things the agent worked on.
+            let bare = !w.contains('/') && !w.contains("::");
+            let directory =
+                w.contains('/') && !w.rsplit('/').next().is_some_and(|f| f.contains('.'));
+            if c.strict && ((bare && w.contains('.')) || directory) {
                 continue;
             }
             if is_test(w) {
@@ -164,8 +196,9 @@ fn scan_call(c: &mut Collector, call: &Value) {
     if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(args) {
         for (k, v) in &map {
             let Some(s) = v.as_str() else { continue };
+            // A command has arguments; a bare word is a sub-command (`view`, `create`).
             if matches!(k.as_str(), "command" | "cmd" | "script") {
-                if let Some(first) = s.lines().next() {
+                if let Some(first) = s.lines().next().filter(|l| l.trim().contains(' ')) {
                     c.add(ArtifactKind::Command, first);
                 }
             }
@@ -177,14 +210,21 @@ fn scan_call(c: &mut Collector, call: &Value) {
     scan_text(c, args);
 }
 
-/// Artifacts of `messages`, in first-seen order, deduplicated and capped per kind.
+/// Artifacts of `messages`, deduplicated and capped per kind: first those of what the
+/// user and the assistant wrote (messages and call arguments), in order, then those
+/// seen in tool results, which are long and noisy (file listings, source code).
 pub fn extract(messages: &[Arc<Message>]) -> Vec<Artifact> {
-    let mut c = Collector { seen: HashSet::new(), out: Vec::new() };
-    for m in messages {
-        if m.is_digest() {
-            continue;
-        }
+    let mut c = Collector { seen: HashSet::new(), out: Vec::new(), strict: false };
+    let (results, written): (Vec<_>, Vec<_>) =
+        messages.iter().filter(|m| !m.is_digest()).partition(|m| m.role().is_tool_result());
+    for m in written.iter().chain(&results) {
+        c.strict = m.role().is_tool_result();
+        let before = c.out.len();
         scan_text(&mut c, &m.text());
+        if c.strict {
+            // One tool result may add a few artifacts, not flood the list.
+            c.out.truncate(before + PER_RESULT);
+        }
         for call in m.tool_calls().iter().chain(m.function_call()) {
             scan_call(&mut c, call);
         }
@@ -203,6 +243,27 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn error_lines() {
+        for yes in [
+            "Traceback (most recent call last):",
+            "ValueError: bad input",
+            "E   assert 1 == 2",
+            "FAILED tests/a.py::t",
+            "bash: foo: command not found",
+        ] {
+            assert!(is_error_line(yes), "{yes}");
+        }
+        for no in [
+            "errors.py  solar_system.py",
+            "    except ValueError:",
+            "raise ModelDefinitionError(",
+            "all good",
+        ] {
+            assert!(!is_error_line(no), "{no}");
+        }
+    }
+
+    #[test]
     fn finds_paths_commands_errors_tests_ids() {
         let m = Message::from_value(json!({"role":"user","content":
             "Ran it:\n```bash\npytest tests/test_io.py -x\n```\nE   ValueError: bad input in src/pkg/io.py\nFAILED tests/test_io.py::test_roundtrip\nreservation ZFA04Y for mia_li_3668"}))
@@ -216,6 +277,7 @@ mod tests {
         assert!(has(ArtifactKind::Identifier, "ZFA04Y"), "{a:?}");
         assert!(has(ArtifactKind::Identifier, "mia_li_3668"), "{a:?}");
         let miss = missing(&a, "I looked at src/pkg/io.py");
+        assert!(!a.iter().any(|x| x.kind == ArtifactKind::Command && x.text == "view"));
         assert_eq!(miss.len(), a.len() - 1);
     }
 }

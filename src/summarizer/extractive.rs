@@ -48,8 +48,6 @@ const CONSTRAINT_CUES: &[&str] = &[
 ];
 const DECISION_CUES: &[&str] =
     &["because", "decided", "instead", "so that", "since", "I will", "I'll"];
-const ERROR_CUES: &[&str] =
-    &["error", "Error", "Exception", "Traceback", "FAILED", "failed", "not found", "denied"];
 /// User messages longer than this many characters are pastes or observations, not
 /// statements of facts.
 const USER_STATEMENT_MAX_CHARS: usize = 4000;
@@ -92,6 +90,14 @@ struct Action {
     failed: bool,
 }
 
+/// Whether a result reports an error (in its first lines), and the line to show.
+fn outcome(result: &str) -> (bool, &str) {
+    match result.lines().take(60).find(|l| artifacts::is_error_line(l)) {
+        Some(line) => (true, line.trim()),
+        None => (false, first_line(result)),
+    }
+}
+
 fn shell_command(text: &str) -> Option<&str> {
     let mut lines = text.lines();
     while let Some(l) = lines.next() {
@@ -123,12 +129,7 @@ fn actions(msgs: &[Arc<Message>]) -> Vec<Action> {
                     .or_else(|| results.get(k))
                     .map(|r| r.text())
                     .unwrap_or_default();
-                let failed = ERROR_CUES.iter().any(|c| result.contains(c));
-                let shown = if failed {
-                    result.lines().find(|l| ERROR_CUES.iter().any(|c| l.contains(c))).unwrap_or("")
-                } else {
-                    first_line(&result)
-                };
+                let (failed, shown) = outcome(&result);
                 out.push(Action {
                     what: format!("{name}({})", key_args(args)),
                     result: clip(shown, 120),
@@ -142,12 +143,7 @@ fn actions(msgs: &[Arc<Message>]) -> Vec<Action> {
             if let Some(cmd) = shell_command(&m.text()) {
                 let obs = msgs.get(i + 1).filter(|n| n.role() == Role::User).map(|n| n.text());
                 let obs = obs.unwrap_or_default();
-                let failed = ERROR_CUES.iter().any(|c| obs.contains(c));
-                let shown = if failed {
-                    obs.lines().find(|l| ERROR_CUES.iter().any(|c| l.contains(c))).unwrap_or("")
-                } else {
-                    first_line(&obs)
-                };
+                let (failed, shown) = outcome(&obs);
                 out.push(Action {
                     what: format!("`{}`", clip(cmd, 100)),
                     result: clip(shown, 120),

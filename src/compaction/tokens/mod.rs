@@ -47,6 +47,24 @@ impl Counter<'_> {
             + REPLY_PRIMING
     }
 
+    /// A quick estimate of the prompt for reports: cached counts where known, about four
+    /// bytes of JSON per token elsewhere.
+    pub fn estimate_total(
+        &self,
+        msgs: &[std::sync::Arc<Message>],
+        tools_raw: Option<&str>,
+    ) -> usize {
+        msgs.iter()
+            .map(|m| {
+                self.cache
+                    .peek(self.encoding, m.hash())
+                    .unwrap_or_else(|| m.raw().len() / 4 + count::TOKENS_PER_MESSAGE)
+            })
+            .sum::<usize>()
+            + tools_raw.map_or(0, |t| t.len() / 4)
+            + REPLY_PRIMING
+    }
+
     /// The cached count if known, else the cheap upper bound.
     pub fn message_upper(&self, msg: &Message) -> usize {
         self.cache.peek(self.encoding, msg.hash()).unwrap_or_else(|| message_upper_bound(msg))
