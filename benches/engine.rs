@@ -16,32 +16,9 @@ use foldgate::model::{ChatRequest, Message};
 use foldgate::summarizer::ExtractiveSummarizer;
 use serde_json::{Value, json};
 
-const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/traces/dev.jsonl");
-
-/// Messages of the longest dev sessions, concatenated (system prompts after the first
-/// dropped) until the conversation holds at least `tokens` o200k tokens.
-fn conversation(tokens: usize) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(TRACES).expect("../shared/traces/dev.jsonl beside the repository");
-    let mut sessions: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    sessions.sort_by_key(|s| std::cmp::Reverse(s["approx_tokens"].as_u64().unwrap_or(0)));
-    let mut out: Vec<Value> = Vec::new();
-    let mut total = 0;
-    'outer: for s in sessions {
-        for m in s["messages"].as_array().unwrap() {
-            if !out.is_empty() && m["role"] == "system" {
-                continue;
-            }
-            total += message_tokens(Encoding::O200kBase, &Message::from_value(m.clone()).unwrap());
-            out.push(m.clone());
-            // Stop at the target on a user message, as a request ends.
-            if total >= tokens && m["role"] == "user" {
-                break 'outer;
-            }
-        }
-    }
-    out
-}
+#[path = "support/traces.rs"]
+mod traces;
+use traces::conversation;
 
 fn body(msgs: &[Value]) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": "gpt-4o", "messages": msgs, "temperature": 0})).unwrap()
