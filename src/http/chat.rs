@@ -86,7 +86,7 @@ pub async fn handle(
     let Ok(parsed) = ChatRequest::parse(&original) else {
         metrics.chat_requests.with_label_values(&["not_chat"]).inc();
         let response = send(upstream, metrics, started, &parts, original).await?;
-        return Ok(client_response(response));
+        return Ok(tapped(client_response(response), metrics, None));
     };
     let model = model_label(&parsed.model().unwrap_or_default());
     let key = session_key(&parts.headers, chat.session_header.as_str(), &parsed);
