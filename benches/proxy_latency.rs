@@ -12,8 +12,10 @@
 //! Open loop: requests are sent on a fixed timeline (`PROXYBENCH_RATE`, default 500/s)
 //! and latency runs from the *scheduled* send time to the last byte of the response, so
 //! a stall shows up in the figures instead of silently delaying later sends (no
-//! coordinated omission). Each (round, body, target) gets a warm-up, then a measured
-//! window; targets rotate their order every round and the report takes the median round.
+//! coordinated omission). After a warm-up, many short rounds measure each target in
+//! rotating order; the report takes the median round. Slices disturbed by other work on
+//! the (shared) machine are measured again, and the proxies' CPU time per request is
+//! reported as a figure such noise hardly moves.
 //!
 //! Run with `cargo bench --bench proxy_latency` (or `scripts/bench-proxy.sh`, which
 //! installs nginx when missing). Writes `docs/PERFORMANCE.md` unless `PROXYBENCH_DOC=0`.
@@ -161,28 +163,16 @@ async fn run(settings: &Settings) {
             for k in 0..3 {
                 let t = (round + k) % 3;
                 let (u, name) = (&uris[t], Target::ALL[t].name());
-                let mut redone = Redone::default();
+                let mut redone = Vec::new();
+                let label = BODIES[b].0;
                 let stats = loop {
-                    run_load(&client, u, body, settings.rate, SLICE_WARMUP).await;
-                    let probe = CpuProbe::start(pids[t]);
-                    let mut stats =
-                        run_load(&client, u, body, settings.rate, settings.measure).await;
-                    (stats.proxy_cpu, stats.other_load) = probe.stop();
-                    // Errors of a thrown-away slice still count.
-                    redone.first_error = redone.first_error.or(stats.first_error.take());
-                    stats.first_error = redone.first_error.clone();
-                    stats.redone = redone.clone();
-                    let label = BODIES[b].0;
+                    let stats = measure_slice(&client, u, body, settings, pids[t]).await;
                     println!("round {:>2} {label:>6} {name:>8}: {}", round + 1, stats.line());
-                    if !stats.disturbed()
-                        || redone.slices == MAX_REDOS_PER_SLICE
-                        || redo_budget == 0
+                    if !stats.disturbed() || redo_budget == 0 || redone.len() == MAX_REDOS_PER_SLICE
                     {
-                        break stats;
+                        break stats.after_redos(redone);
                     }
-                    redone.slices += 1;
-                    redone.requests += stats.latencies.len() + stats.errors;
-                    redone.errors += stats.errors;
+                    redone.push(stats);
                     redo_budget -= 1;
                 };
                 results[b][t].push(stats);
@@ -199,6 +189,21 @@ async fn run(settings: &Settings) {
         println!("written to {}", path.display());
     }
     drop((nginx, foldgate, work));
+}
+
+/// One measured slice after a short unmeasured lead-in, with the CPU used meanwhile.
+async fn measure_slice(
+    client: &HttpClient,
+    uri: &Uri,
+    body: &Bytes,
+    settings: &Settings,
+    proxy_pid: Option<u32>,
+) -> RunStats {
+    run_load(client, uri, body, settings.rate, SLICE_WARMUP).await;
+    let probe = CpuProbe::start(proxy_pid);
+    let mut stats = run_load(client, uri, body, settings.rate, settings.measure).await;
+    (stats.proxy_cpu, stats.other_load) = probe.stop();
+    stats
 }
 
 // ---------------------------------------------------------------------------------------
@@ -289,7 +294,11 @@ impl ChildGuard {
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         // SIGTERM first: nginx's master then stops its workers (SIGKILL would orphan them).
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).stderr(Stdio::null()).status();
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -382,8 +391,19 @@ impl CpuProbe {
     }
 }
 
+/// Whether this process runs under a real-time policy (`chrt`, see scripts/bench-proxy.sh).
+fn realtime() -> bool {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Field 41 (policy) of stat(5) is the 39th after the command name: 1 FIFO, 2 RR.
+    let policy = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(38));
+    matches!(policy, Some("1" | "2"))
+}
+
 /// Waits (a minute at most) until other work leaves the machine, checking every second.
 async fn wait_for_quiet() {
+    if realtime() {
+        return;
+    }
     for second in 0..60 {
         let probe = CpuProbe::start(None);
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -672,20 +692,13 @@ struct RunStats {
     errors: usize,
     first_error: Option<String>,
     lag_p99: Duration,
-    /// Disturbed measurements of this slice thrown away before this one.
-    redone: Redone,
+    /// Disturbed measurements of this slice thrown away before this one: how many, with
+    /// how many requests and errors (errors are never dropped).
+    redone: (usize, usize, usize),
     /// CPU time the proxy's processes used during the slice (not for `direct`).
     proxy_cpu: Option<Duration>,
     /// Cores busy with work outside this bench (other engineers' builds) during the slice.
     other_load: f64,
-}
-
-#[derive(Clone, Default)]
-struct Redone {
-    slices: usize,
-    requests: usize,
-    errors: usize,
-    first_error: Option<String>,
 }
 
 impl RunStats {
@@ -709,14 +722,26 @@ impl RunStats {
             errors,
             first_error,
             lag_p99: percentile(&lags, 0.99),
-            redone: Redone::default(),
+            redone: (0, 0, 0),
             proxy_cpu: None,
             other_load: 0.0,
         }
     }
 
+    /// This slice, kept after `redone` disturbed ones were measured and thrown away.
+    fn after_redos(mut self, redone: Vec<RunStats>) -> Self {
+        for r in redone {
+            self.redone.0 += 1;
+            self.redone.1 += r.latencies.len() + r.errors;
+            self.redone.2 += r.errors;
+            self.first_error = r.first_error.or(self.first_error);
+        }
+        self
+    }
+
     fn disturbed(&self) -> bool {
-        self.lag_p99 > LAG_LIMIT || self.other_load > OTHER_LOAD_LIMIT
+        // At real-time priority other work only runs in the gaps: the lag alone tells.
+        self.lag_p99 > LAG_LIMIT || (self.other_load > OTHER_LOAD_LIMIT && !realtime())
     }
 
     fn p(&self, q: f64) -> Duration {
@@ -793,8 +818,8 @@ impl Summary {
         let mut all: Vec<Duration> =
             runs.iter().flat_map(|r| r.latencies.iter().copied()).collect();
         all.sort_unstable();
-        let errors = runs.iter().map(|r| r.errors + r.redone.errors).sum();
-        let redone_requests: usize = runs.iter().map(|r| r.redone.requests).sum();
+        let errors = runs.iter().map(|r| r.errors + r.redone.2).sum();
+        let redone_requests: usize = runs.iter().map(|r| r.redone.1).sum();
         Self {
             p50: median_of(0.5),
             p99: median_of(0.99),
@@ -803,7 +828,7 @@ impl Summary {
             max: millis(percentile(&all, 1.0)),
             errors,
             requests: all.len() + runs.iter().map(|r| r.errors).sum::<usize>() + redone_requests,
-            redone: runs.iter().map(|r| r.redone.slices).sum(),
+            redone: runs.iter().map(|r| r.redone.0).sum(),
             disturbed: runs.iter().filter(|r| r.disturbed()).count(),
             cpu_per_request: runs.iter().map(|r| r.proxy_cpu).sum::<Option<Duration>>().map(
                 |cpu| {
@@ -818,7 +843,6 @@ impl Summary {
 struct Report {
     table: String,
     verdict: String,
-    per_round: String,
     nginx_version: String,
 }
 
@@ -835,7 +859,6 @@ impl Report {
              |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut verdict = String::new();
-        let mut per_round = String::new();
         for (b, (label, _)) in BODIES.iter().enumerate() {
             let s: Vec<Summary> = results[b].iter().map(|runs| Summary::of(runs)).collect();
             for (t, target) in Target::ALL.iter().enumerate() {
@@ -865,34 +888,22 @@ impl Report {
                 );
             }
             let p99_ratio = ratio(s[2].p99 - s[0].p99, s[1].p99 - s[0].p99);
+            let p50_ratio = ratio(s[2].p50 - s[0].p50, s[1].p50 - s[0].p50);
+            let show = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
             let _ = writeln!(
                 verdict,
                 "- {label}: foldgate added {:.3} ms, nginx added {:.3} ms at p99 → ratio **{}** \
-                 (target ≤ {TARGET_RATIO} at {} rps: {})",
+                 (target ≤ {TARGET_RATIO} at {} rps: {}); at p50 the ratio is {}",
                 s[2].p99 - s[0].p99,
                 s[1].p99 - s[0].p99,
-                p99_ratio.map_or("n/a".to_owned(), |r| format!("{r:.2}")),
+                show(p99_ratio),
                 settings.rate,
                 match p99_ratio {
                     Some(r) if r <= TARGET_RATIO => "met",
                     Some(_) => "missed",
                     None => "nginx added nothing measurable",
-                }
-            );
-            let rounds: Vec<Option<f64>> = (0..results[b][0].len())
-                .map(|r| {
-                    let p99 = |t: usize| millis(results[b][t][r].p(0.99));
-                    ratio(p99(2) - p99(0), p99(1) - p99(0))
-                })
-                .collect();
-            let valid: Vec<f64> = rounds.iter().flatten().copied().collect();
-            let listed: Vec<String> =
-                rounds.iter().map(|x| x.map_or("n/a".to_owned(), |x| format!("{x:.2}"))).collect();
-            let _ = writeln!(
-                per_round,
-                "- {label}: median {} of {}",
-                if valid.is_empty() { "n/a".to_owned() } else { format!("{:.2}", median(valid)) },
-                listed.join(", ")
+                },
+                show(p50_ratio),
             );
         }
         let nginx_version = Command::new(nginx_bin)
@@ -900,7 +911,7 @@ impl Report {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stderr).trim().replace("nginx version: ", ""))
             .unwrap_or_default();
-        Self { table, verdict, per_round, nginx_version }
+        Self { table, verdict, nginx_version }
     }
 
     fn markdown(&self, settings: &Settings) -> String {
@@ -921,9 +932,9 @@ impl Report {
         format!(
             "## Proxy passthrough latency
 
-Command: `cargo bench --bench proxy_latency` (or `scripts/bench-proxy.sh`, which installs
-nginx first when it is missing). Date: {date}. Machine: {cores} cores ({cpu}), shared with
-another engineer's builds.
+Command: `scripts/bench-proxy.sh` (installs nginx when it is missing, then runs
+`cargo bench --bench proxy_latency` at real-time priority when allowed). Date: {date}.
+Machine: {cores} cores ({cpu}), shared with another engineer's builds. Scheduling: {sched}.
 
 Setup: one process holds the load generator and the mock upstream (hyper 1, reads the
 whole request, answers a {resp} B `chat.completion`); nginx ({nginx}, `worker_processes
@@ -949,10 +960,7 @@ load on the machine hardly changes.
 {table}
 foldgate's added latency over nginx's at p99:
 
-{verdict}
-Ratio of each round's own p99 figures (noise check):
-
-{per_round}",
+{verdict}",
             resp = MOCK_RESPONSE.len(),
             nginx = self.nginx_version,
             workers = settings.nginx_workers,
@@ -963,12 +971,18 @@ Ratio of each round's own p99 figures (noise check):
             slice = SLICE_WARMUP,
             per_slice = (f64::from(settings.rate) * settings.measure.as_secs_f64()).round(),
             lag = LAG_LIMIT,
+            sched = if realtime() {
+                "`SCHED_FIFO` priority 1 for the bench and both proxies, so the builds running \
+                 alongside (which at normal priority stall any of them for milliseconds at a \
+                 time) cannot preempt them"
+            } else {
+                "normal priority, so builds running alongside add milliseconds of noise"
+            },
             other = OTHER_LOAD_LIMIT,
             per_slice_redos = MAX_REDOS_PER_SLICE,
             redos = MAX_REDOS,
             table = self.table,
             verdict = self.verdict,
-            per_round = self.per_round,
         )
     }
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Proxy passthrough latency: direct vs nginx vs foldgate (benches/proxy_latency.rs).
-# Installs nginx when it is missing (Debian/Ubuntu, needs root), then runs the bench,
-# which builds foldgate with the bench profile and writes docs/PERFORMANCE.md.
-# Knobs are environment variables, see the header of benches/proxy_latency.rs.
+# Installs nginx when it is missing (Debian/Ubuntu, needs root), builds the bench at
+# normal priority, then runs it at real-time priority (SCHED_FIFO 1) when allowed, so
+# builds sharing the machine cannot preempt the bench or the proxies; PROXYBENCH_RT=0
+# runs it at normal priority. The bench writes docs/PERFORMANCE.md.
+# Other knobs are environment variables, see the header of benches/proxy_latency.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,11 +14,18 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
         exit 1
     fi
     apt-get update
-    # nginx-light is gone from newer Debian releases; plain nginx is the same binary family.
+    # nginx-light is gone from newer Debian releases; plain nginx is the same server.
     apt-get install -y --no-install-recommends nginx-light \
         || apt-get install -y --no-install-recommends nginx
-    # The package starts a system nginx on port 80; the bench runs its own instance.
+    # The package may start a system nginx on port 80; the bench runs its own instance.
     if command -v systemctl >/dev/null 2>&1; then systemctl stop nginx 2>/dev/null || true; fi
 fi
 
-exec cargo bench --bench proxy_latency "$@"
+# Never compile at real-time priority: that would starve everything else on the machine.
+cargo bench --bench proxy_latency --no-run
+
+run=()
+if [ "${PROXYBENCH_RT:-1}" != 0 ] && command -v chrt >/dev/null 2>&1 && chrt -f 1 true 2>/dev/null; then
+    run=(chrt -f 1)
+fi
+exec "${run[@]}" cargo bench --bench proxy_latency "$@"
