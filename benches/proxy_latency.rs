@@ -50,7 +50,7 @@ const OTHER_LOAD_LIMIT: f64 = 0.25;
 /// A disturbed slice is measured again, at most this often, within a run-wide budget
 /// (the bench must stay short even on a machine that is busy throughout).
 const MAX_REDOS_PER_SLICE: usize = 3;
-const MAX_REDOS: usize = 24;
+const MAX_REDOS: usize = 16;
 const TARGET_RATIO: f64 = 1.3;
 const BODIES: [(&str, usize); 2] = [("2 KB", 2 * 1024), ("500 KB", 500 * 1024)];
 
@@ -78,7 +78,7 @@ impl Settings {
             rate: var("PROXYBENCH_RATE", 500),
             warmup: Duration::from_secs_f64(var("PROXYBENCH_WARMUP_SECS", 2.0)),
             measure: Duration::from_secs_f64(var("PROXYBENCH_MEASURE_SECS", 2.0)),
-            rounds: var("PROXYBENCH_ROUNDS", 10usize).max(1),
+            rounds: var("PROXYBENCH_ROUNDS", 16usize).max(1),
             nginx_workers: var("PROXYBENCH_NGINX_WORKERS", "auto".to_owned()),
             write_doc: var("PROXYBENCH_DOC", 1u8) != 0,
         }
@@ -933,8 +933,10 @@ impl Report {
             "## Proxy passthrough latency
 
 Command: `scripts/bench-proxy.sh` (installs nginx when it is missing, then runs
-`cargo bench --bench proxy_latency` at real-time priority when allowed). Date: {date}.
-Machine: {cores} cores ({cpu}), shared with another engineer's builds. Scheduling: {sched}.
+`cargo bench --bench proxy_latency` at real-time priority when allowed).
+
+Date: {date}. Machine: {cores} cores ({cpu}), shared with another engineer's builds.
+Scheduling: {sched}.
 
 Setup: one process holds the load generator and the mock upstream (hyper 1, reads the
 whole request, answers a {resp} B `chat.completion`); nginx ({nginx}, `worker_processes
@@ -952,10 +954,9 @@ the pooled columns take every sample of every kept slice. Errors (non-2xx, conne
 errors, timeouts) count over all slices, including redone ones.
 
 Noise: a slice is *disturbed* when the load generator started its requests more than
-{lag:?} late (p99) or when work outside the bench kept more than {other} cores busy; it is
-measured again (at most {per_slice_redos} times, {redos} in all) and the table says how
-often. Proxy CPU is the CPU time of the proxy's processes per request, which the other
-load on the machine hardly changes.
+{lag:?} late (p99){other_rule}; it is measured again (at most {per_slice_redos} times,
+{redos} in all) and the table says how often. Proxy CPU is the CPU time of the proxy's
+processes per request, which other load on the machine hardly changes.
 
 {table}
 foldgate's added latency over nginx's at p99:
@@ -971,6 +972,13 @@ foldgate's added latency over nginx's at p99:
             slice = SLICE_WARMUP,
             per_slice = (f64::from(settings.rate) * settings.measure.as_secs_f64()).round(),
             lag = LAG_LIMIT,
+            other_rule = if realtime() {
+                String::new()
+            } else {
+                format!(
+                    " or when work outside the bench kept more than {OTHER_LOAD_LIMIT} cores busy"
+                )
+            },
             sched = if realtime() {
                 "`SCHED_FIFO` priority 1 for the bench and both proxies, so the builds running \
                  alongside (which at normal priority stall any of them for milliseconds at a \
@@ -978,7 +986,6 @@ foldgate's added latency over nginx's at p99:
             } else {
                 "normal priority, so builds running alongside add milliseconds of noise"
             },
-            other = OTHER_LOAD_LIMIT,
             per_slice_redos = MAX_REDOS_PER_SLICE,
             redos = MAX_REDOS,
             table = self.table,
