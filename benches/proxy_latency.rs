@@ -149,9 +149,12 @@ async fn run(settings: &Settings) {
         settings.rate, settings.warmup, settings.rounds, settings.measure
     );
     wait_for_quiet().await;
+    // Errors while warming up are not in the latency table but are reported with it.
+    let mut warmup_errors = [0usize; 3];
     for body in &bodies {
-        for uri in &uris {
-            run_load(&client, uri, body, settings.rate, settings.warmup).await;
+        for (t, uri) in uris.iter().enumerate() {
+            warmup_errors[t] +=
+                run_load(&client, uri, body, settings.rate, settings.warmup).await.errors;
         }
     }
     // results[body][target][round]. Many short rounds in rotating order: a burst of load
@@ -175,12 +178,13 @@ async fn run(settings: &Settings) {
                     redone.push(stats);
                     redo_budget -= 1;
                 };
+                warmup_errors[t] += stats.warmup_errors;
                 results[b][t].push(stats);
             }
         }
     }
 
-    let report = Report::new(settings, &bodies, &results, &nginx_bin);
+    let report = Report::new(settings, &bodies, &results, warmup_errors, &nginx_bin);
     println!("\n{}", report.table);
     println!("{}", report.verdict);
     if settings.write_doc {
@@ -199,10 +203,11 @@ async fn measure_slice(
     settings: &Settings,
     proxy_pid: Option<u32>,
 ) -> RunStats {
-    run_load(client, uri, body, settings.rate, SLICE_WARMUP).await;
+    let lead_in = run_load(client, uri, body, settings.rate, SLICE_WARMUP).await;
     let probe = CpuProbe::start(proxy_pid);
     let mut stats = run_load(client, uri, body, settings.rate, settings.measure).await;
     (stats.proxy_cpu, stats.other_load) = probe.stop();
+    stats.warmup_errors = lead_in.errors;
     stats
 }
 
@@ -699,6 +704,8 @@ struct RunStats {
     proxy_cpu: Option<Duration>,
     /// Cores busy with work outside this bench (other engineers' builds) during the slice.
     other_load: f64,
+    /// Errors in the unmeasured lead-in of this slice (and of redone ones).
+    warmup_errors: usize,
 }
 
 impl RunStats {
@@ -725,6 +732,7 @@ impl RunStats {
             redone: (0, 0, 0),
             proxy_cpu: None,
             other_load: 0.0,
+            warmup_errors: 0,
         }
     }
 
@@ -734,6 +742,7 @@ impl RunStats {
             self.redone.0 += 1;
             self.redone.1 += r.latencies.len() + r.errors;
             self.redone.2 += r.errors;
+            self.warmup_errors += r.warmup_errors;
             self.first_error = r.first_error.or(self.first_error);
         }
         self
@@ -851,6 +860,7 @@ impl Report {
         settings: &Settings,
         bodies: &[Bytes],
         results: &[Vec<Vec<RunStats>>],
+        warmup_errors: [usize; 3],
         nginx_bin: &Path,
     ) -> Self {
         let mut table = String::from(
@@ -906,6 +916,11 @@ impl Report {
                 show(p50_ratio),
             );
         }
+        let _ = writeln!(
+            verdict,
+            "\nErrors while warming up (not in the table): direct {}, nginx {}, foldgate {}.",
+            warmup_errors[0], warmup_errors[1], warmup_errors[2]
+        );
         let nginx_version = Command::new(nginx_bin)
             .arg("-v")
             .output()
