@@ -19,6 +19,7 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
         || apt-get install -y --no-install-recommends nginx
     # The package may start a system nginx on port 80; the bench runs its own instance.
     if command -v systemctl >/dev/null 2>&1; then systemctl stop nginx 2>/dev/null || true; fi
+    /usr/sbin/nginx -s quit 2>/dev/null || true
 fi
 
 # Never compile at real-time priority: that would starve everything else on the machine.
