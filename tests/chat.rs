@@ -8,32 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use common::agent::{COMPLETION, ProviderStats, conversation, provider, requests};
+use common::agent::{
+    COMPLETION, ProviderStats, chat_config, chat_request, conversation, provider, requests,
+};
 use common::*;
 use foldgate::compaction::check::verify;
 use foldgate::compaction::{Budget, Options, TokenCache};
-use foldgate::config::{CompactionMode, Config, SummarizerKind};
+use foldgate::config::{CompactionMode, SummarizerKind};
 use foldgate::model::{ChatRequest, DIGEST_MARKER};
 use http::{HeaderMap, Request, StatusCode};
-
-const WINDOW: usize = 12_000;
-
-fn chat_config(upstream: &str) -> Config {
-    let mut config = config_for(upstream);
-    config.compaction.max_context_tokens = Some(WINDOW);
-    config.summarizer.kind = SummarizerKind::Llm;
-    config.summarizer.timeout = std::time::Duration::from_secs(5);
-    config
-}
-
-fn chat_request(proxy: &Proxy, body: Bytes, credential: &str, session: &str) -> Request<TestBody> {
-    Request::post(proxy.url("/v1/chat/completions"))
-        .header("authorization", credential)
-        .header("x-session-id", session)
-        .header("content-type", "application/json")
-        .body(full(body))
-        .unwrap()
-}
 
 /// Bodies the mock received for chat calls (not summarization calls), in order.
 fn forwarded(mock: &MockUpstream) -> Vec<Bytes> {

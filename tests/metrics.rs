@@ -11,30 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use common::agent::{COMPLETION, ProviderStats, conversation, provider, requests};
+use common::agent::{
+    COMPLETION, ProviderStats, chat_config, chat_request, conversation, provider, requests,
+};
 use common::*;
-use foldgate::config::{Config, SummarizerKind};
 use foldgate::model::DIGEST_MARKER;
 use futures_util::StreamExt;
 use http::{HeaderMap, Request, StatusCode};
 use serde_json::json;
-
-fn chat_config(upstream: &str) -> Config {
-    let mut config = config_for(upstream);
-    config.compaction.max_context_tokens = Some(12_000);
-    config.summarizer.kind = SummarizerKind::Llm;
-    config.summarizer.timeout = std::time::Duration::from_secs(5);
-    config
-}
-
-fn chat_request(proxy: &Proxy, body: Bytes, credential: &str, session: &str) -> Request<TestBody> {
-    Request::post(proxy.url("/v1/chat/completions"))
-        .header("authorization", credential)
-        .header("x-session-id", session)
-        .header("content-type", "application/json")
-        .body(full(body))
-        .unwrap()
-}
 
 fn header_num(headers: &HeaderMap, name: &str) -> f64 {
     headers.get(name).unwrap_or_else(|| panic!("no {name}")).to_str().unwrap().parse().unwrap()

@@ -11,9 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent::{conversation, requests};
+use common::agent::{chat_config, conversation, requests};
 use common::*;
-use foldgate::config::{Config, SummarizerKind};
 use foldgate::model::DIGEST_MARKER;
 use http::{Request, StatusCode};
 use serde_json::{Value, json};
@@ -205,14 +204,6 @@ fn dashboard_exprs() -> Vec<(String, String)> {
 fn non_empty(answer: &Value) -> bool {
     answer["status"] == "success"
         && answer["data"]["result"].as_array().is_some_and(|r| !r.is_empty())
-}
-
-fn chat_config(upstream: &str) -> Config {
-    let mut config = config_for(upstream);
-    config.compaction.max_context_tokens = Some(12_000);
-    config.summarizer.kind = SummarizerKind::Llm;
-    config.summarizer.timeout = Duration::from_secs(5);
-    config
 }
 
 /// The agent provider, plus: summaries fail for credential `Bearer fail`, and a chat call

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::{Handler, Recorded, channel_body, response};
+use super::{Handler, Proxy, Recorded, TestBody, channel_body, config_for, full, response};
 
 /// A coding-agent conversation: a task, then rounds of tool calls with sizeable results,
 /// with a short user remark every `remark_every` rounds. Tool-call ids are reused
@@ -118,4 +118,29 @@ pub fn provider(stats: Arc<ProviderStats>) -> Handler {
             r
         })
     })
+}
+
+/// foldgate's configuration for chat tests: a 12k-token window so conversations of a few
+/// dozen tool rounds are compacted, and the model summarizer (answered by [`provider`]).
+pub fn chat_config(upstream: &str) -> foldgate::config::Config {
+    let mut config = config_for(upstream);
+    config.compaction.max_context_tokens = Some(12_000);
+    config.summarizer.kind = foldgate::config::SummarizerKind::Llm;
+    config.summarizer.timeout = std::time::Duration::from_secs(5);
+    config
+}
+
+/// A chat-completions request to `proxy` with a credential and a session id.
+pub fn chat_request(
+    proxy: &Proxy,
+    body: Bytes,
+    credential: &str,
+    session: &str,
+) -> http::Request<TestBody> {
+    http::Request::post(proxy.url("/v1/chat/completions"))
+        .header("authorization", credential)
+        .header("x-session-id", session)
+        .header("content-type", "application/json")
+        .body(full(body))
+        .unwrap()
 }
