@@ -47,7 +47,12 @@ impl Usage {
 
 enum Format {
     Json(BytesMut),
-    Sse { line: BytesMut, last: Option<(Usage, &'static str)> },
+    /// The line being read, and the last complete line that mentions `usage` (parsed
+    /// only at the end, so no chunk waits for JSON parsing).
+    Sse {
+        line: BytesMut,
+        last: Option<Bytes>,
+    },
     Ignored,
 }
 
@@ -96,8 +101,8 @@ impl UsageTap {
                         line.extend_from_slice(piece);
                     }
                     if piece.ends_with(b"\n") {
-                        if let Some(usage) = sse_usage(line) {
-                            *last = Some(usage);
+                        if mentions_usage(line) {
+                            *last = Some(line.split().freeze());
                         }
                         line.clear();
                     }
@@ -115,7 +120,9 @@ impl UsageTap {
             Format::Json(buf) => {
                 serde_json::from_slice::<Value>(buf).ok().as_ref().and_then(usage_in)
             }
-            Format::Sse { line, last } => sse_usage(line).or(*last),
+            Format::Sse { line, last } => {
+                sse_usage(line).or_else(|| last.as_deref().and_then(sse_usage))
+            }
             Format::Ignored => None,
         };
         if let Some((usage, answered_by)) = found {
@@ -131,13 +138,17 @@ impl UsageTap {
 
 /// Usage in one SSE line `data: {...}`, if it carries any.
 fn sse_usage(line: &[u8]) -> Option<(Usage, &'static str)> {
-    let payload = line.strip_prefix(b"data:")?;
-    // Cheap filter first: most chunks carry no usage.
-    if !payload.windows(7).any(|w| w == b"\"usage\"") {
+    if !mentions_usage(line) {
         return None;
     }
+    let payload = line.strip_prefix(b"data:")?;
     let value: Value = serde_json::from_slice(payload.trim_ascii()).ok()?;
     usage_in(&value)
+}
+
+/// A cheap filter: most SSE lines carry no usage.
+fn mentions_usage(line: &[u8]) -> bool {
+    line.starts_with(b"data:") && line.windows(7).any(|w| w == b"\"usage\"")
 }
 
 /// The usage of an answer (top-level, or under `response` in Responses API events) and
@@ -164,11 +175,8 @@ impl Body for UsageTap {
                     let data = data.clone();
                     self.observe(&data);
                 }
-                // hyper stops polling a body that reports its end (e.g. once the
-                // content-length is reached), so the end is seen here, not as `None`.
-                if self.inner.is_end_stream() {
-                    self.finish();
-                }
+                // hyper may stop polling once the body reports its end (content-length
+                // reached): then `Drop` records, after the last bytes were handed on.
             }
             Poll::Ready(None) => self.finish(),
             _ => {}
@@ -182,6 +190,12 @@ impl Body for UsageTap {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl Drop for UsageTap {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -264,7 +278,8 @@ mod tests {
     #[tokio::test]
     async fn records_when_the_body_reports_its_end_without_a_final_poll() {
         // hyper stops polling once `is_end_stream()` is true, as for a complete
-        // content-length body: usage must be recorded with the last frame.
+        // content-length body, and drops the body: usage is recorded then, after the
+        // last bytes went out, never before.
         let metrics = Arc::new(Metrics::new().unwrap());
         let json = r#"{"usage":{"prompt_tokens":9,"completion_tokens":1}}"#;
         let mut tap =
@@ -272,6 +287,7 @@ mod tests {
         let frame = tap.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), json);
         assert!(tap.is_end_stream());
+        drop(tap);
         let text = String::from_utf8(metrics.render()).unwrap();
         assert!(
             text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="o3"} 9"#),
