@@ -9,6 +9,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use dashmap::DashSet;
 use futures_util::FutureExt;
 
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
@@ -75,6 +76,8 @@ struct Inner {
     store: Arc<dyn SessionStore<SessionState>>,
     locks: SessionLocks,
     mode: CompactionMode,
+    /// Sessions with a prefetch running.
+    prefetching: DashSet<SessionKey>,
 }
 
 impl Compactor {
@@ -84,7 +87,9 @@ impl Compactor {
         store: Arc<dyn SessionStore<SessionState>>,
         mode: CompactionMode,
     ) -> Self {
-        Self { inner: Arc::new(Inner { engine, store, locks: SessionLocks::default(), mode }) }
+        let locks = SessionLocks::default();
+        let prefetching = DashSet::new();
+        Self { inner: Arc::new(Inner { engine, store, locks, mode, prefetching }) }
     }
 
     /// The engine.
@@ -120,7 +125,10 @@ impl Compactor {
         decision
     }
 
-    /// Summarizes the next fold in the background (see [`Engine::prefetch`]).
+    /// Summarizes the next fold in the background (see [`Engine::prefetch`]). At most one
+    /// prefetch per session runs at a time, and the session's lock is not held during the
+    /// model call: the conversation's next requests must not wait for a digest they do
+    /// not need yet.
     fn spawn_prefetch(
         &self,
         key: SessionKey,
@@ -128,27 +136,55 @@ impl Compactor {
         summarizer: Arc<dyn Summarizer>,
         forwarded_tokens: usize,
     ) {
+        if !self.inner.prefetching.insert(key.clone()) {
+            return;
+        }
         let inner = self.inner.clone();
         tokio::spawn(async move {
-            let _guard = inner.locks.lock(&key).await;
-            let Ok(loaded) = inner.store.load(&key).await else { return };
-            let mut state = loaded.unwrap_or_default();
+            let _in_flight = InFlight { inner: inner.clone(), key: key.clone() };
+            let snapshot = {
+                let _guard = inner.locks.lock(&key).await;
+                inner.store.load(&key).await
+            };
+            let Ok(Some(mut state)) = snapshot else { return };
             let run =
                 inner.engine.prefetch(&request, &mut state, summarizer.as_ref(), forwarded_tokens);
             match AssertUnwindSafe(run).catch_unwind().await {
-                Ok(Ok(true)) => {
-                    tracing::debug!(session = key.as_str(), "next fold summarized ahead of need");
-                    if let Err(e) = inner.store.save(&key, state).await {
-                        tracing::warn!(error = %e, "session save after prefetch failed");
-                    }
-                }
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "prefetch failed"),
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => return,
+                Ok(Err(e)) => return tracing::warn!(error = %e, "prefetch failed"),
                 Err(panic) => {
-                    tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed")
+                    return tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed");
                 }
             }
+            let Some(block) = state.pending else { return };
+            // Keep the block unless the conversation moved past where it starts meanwhile;
+            // whether it still matches the messages is checked again when it is applied.
+            let _guard = inner.locks.lock(&key).await;
+            let Ok(Some(mut latest)) = inner.store.load(&key).await else { return };
+            if latest.blocks.last().map_or(0, |b| b.end) != block.start {
+                return;
+            }
+            latest.pending = Some(block);
+            match inner.store.save(&key, latest).await {
+                Ok(()) => {
+                    tracing::debug!(session = key.as_str(), "next fold summarized ahead of need")
+                }
+                Err(e) => tracing::warn!(error = %e, "session save after prefetch failed"),
+            }
         });
+    }
+}
+
+/// Marks a session's prefetch as running; dropping it (task end or abort) clears the mark.
+struct InFlight {
+    inner: Arc<Inner>,
+    key: SessionKey,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.inner.prefetching.remove(&self.key);
     }
 }
 

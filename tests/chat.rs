@@ -388,3 +388,39 @@ async fn without_prefetch_the_crossing_request_summarizes_inline() {
     }
     panic!("the conversation never crossed the trigger");
 }
+
+#[tokio::test]
+async fn a_slow_prefetch_does_not_hold_up_the_conversations_next_request() {
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = provider(Arc::new(ProviderStats::default()));
+    let counter = started.clone();
+    let mock = MockUpstream::start(Arc::new(move |rec: Recorded| {
+        let (inner, counter) = (inner.clone(), counter.clone());
+        Box::pin(async move {
+            if rec.headers.contains_key("x-foldgate-summary") {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
+            }
+            inner(rec).await
+        })
+    }))
+    .await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let bodies = requests(&conversation(40, 4), &[]);
+    for (i, body) in bodies.iter().enumerate() {
+        let summaries_before = started.load(Ordering::SeqCst);
+        let t = std::time::Instant::now();
+        let (status, headers, _) =
+            send(chat_request(&proxy, body.clone(), "Bearer k", "slow")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(header(&headers, "x-foldgate-outcome"), "passthrough", "request {i}");
+        if summaries_before > 0 {
+            // A prefetch is summarizing (for 2 s); this request did not wait for it.
+            assert!(t.elapsed() < std::time::Duration::from_millis(1_000), "request {i} waited");
+            return;
+        }
+        // Give a prefetch started by this request time to reach the provider.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("no prefetch started");
+}
