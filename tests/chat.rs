@@ -346,7 +346,7 @@ async fn with_prefetch_the_request_crossing_the_trigger_waits_for_no_summary() {
     let mut crossing = None;
     for (i, body) in bodies.iter().enumerate() {
         // Let a background prefetch started by the previous request finish.
-        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let calls_before = stats.summaries.load(Ordering::SeqCst);
         let (status, headers, _) = send(chat_request(&proxy, body.clone(), "Bearer k", "pf")).await;
         assert_eq!(status, StatusCode::OK);
