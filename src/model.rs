@@ -364,6 +364,17 @@ impl<'de> Deserialize<'de> for TopLevel {
     }
 }
 
+/// Messages from a JSON array of message objects (unit-test fixture).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn messages_from(v: Value) -> Vec<Arc<Message>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| Arc::new(Message::from_value(m.clone()).unwrap()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -102,13 +102,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn msgs(v: serde_json::Value) -> Vec<Arc<Message>> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|m| Arc::new(Message::from_value(m.clone()).unwrap()))
-            .collect()
-    }
+    use crate::model::messages_from as msgs;
 
     fn call(id: &str) -> serde_json::Value {
         json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"f","arguments":"{}"}}]})

@@ -302,13 +302,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn msgs(v: serde_json::Value) -> Vec<Arc<Message>> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|m| Arc::new(Message::from_value(m.clone()).unwrap()))
-            .collect()
-    }
+    use crate::model::messages_from as msgs;
 
     #[test]
     fn digest_lists_calls_failures_and_facts_in_order() {

@@ -244,13 +244,7 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn msgs(v: Value) -> Vec<Arc<Message>> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|m| Arc::new(Message::from_value(m.clone()).unwrap()))
-            .collect()
-    }
+    use crate::model::messages_from as msgs;
 
     fn input<'a>(m: &'a [Arc<Message>], prior: Option<&'a str>) -> SummaryInput<'a> {
         SummaryInput { messages: m, prior_digest: prior, max_tokens: 700 }
