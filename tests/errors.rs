@@ -11,7 +11,6 @@ use bytes::Bytes;
 use common::*;
 use foldgate::config::ByteSize;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use hyper::body::Frame;
 
 fn assert_openai_error(body: &[u8], code: &str) {
@@ -114,12 +113,7 @@ async fn client_disconnect_cancels_the_upstream_stream() {
     let cancelled = Arc::new(AtomicBool::new(false));
     let mock = endless_stream(cancelled.clone()).await;
     let proxy = Proxy::to(&mock.url()).await;
-    let response = client()
-        .request(post(&proxy.url("/v1/chat/completions"), r#"{"stream":true}"#))
-        .await
-        .unwrap();
-    let mut body = response.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (_, body) = open_stream(&proxy.url("/v1/chat/completions")).await;
     drop(body);
     for _ in 0..100 {
         if cancelled.load(Ordering::SeqCst) {

@@ -139,13 +139,7 @@ async fn sigterm_lets_an_in_flight_stream_finish_then_exits_zero() {
     let started = Arc::new(AtomicUsize::new(0));
     let mock = slow_stream(10, started.clone()).await;
     let (mut child, addr, _) = spawn_serve(&mock.url(), &[]);
-    let response = client()
-        .request(post(&format!("http://{addr}/v1/chat/completions"), r#"{"stream":true}"#))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let mut body = response.into_body();
-    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    let (first, body) = open_stream(&format!("http://{addr}/v1/chat/completions")).await;
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
     let rest = body.collect().await.unwrap().to_bytes();
@@ -167,12 +161,7 @@ async fn shutdown_stops_accepting_and_cuts_streams_after_the_grace_period() {
     let mut config = config_for(&mock.url());
     config.server.shutdown_grace = Duration::from_millis(500);
     let mut proxy = Proxy::start(config).await;
-    let response = client()
-        .request(post(&proxy.url("/v1/chat/completions"), r#"{"stream":true}"#))
-        .await
-        .unwrap();
-    let mut body = response.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (_, body) = open_stream(&proxy.url("/v1/chat/completions")).await;
     proxy.begin_shutdown();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let refused = tokio::net::TcpStream::connect(proxy.addr).await;

@@ -185,6 +185,16 @@ pub async fn send(request: Request<TestBody>) -> (StatusCode, HeaderMap, Bytes) 
     (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
 }
 
+/// Opens a streamed chat request at `url` (200 expected) and reads its first chunk;
+/// returns the chunk and the rest of the body.
+pub async fn open_stream(url: &str) -> (Bytes, Incoming) {
+    let response = client().request(post(url, r#"{"stream":true}"#)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    (first, body)
+}
+
 pub fn post(url: &str, body: impl Into<Bytes>) -> Request<TestBody> {
     Request::post(url).header("content-type", "application/json").body(full(body)).unwrap()
 }
