@@ -30,6 +30,84 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
+/// How a watched body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Every byte went through.
+    Complete,
+    /// The stream failed.
+    Failed,
+    /// Dropped before its end: the client went away or the stream was cut.
+    Dropped,
+}
+
+/// Sees a response body's data as it passes, and its end, once.
+pub trait BodyObserver: Send + Unpin + 'static {
+    /// A data frame passed.
+    fn data(&mut self, _data: &Bytes) {}
+    /// The body ended; called exactly once.
+    fn end(&mut self, how: BodyEnd);
+}
+
+/// A body watched by `O` without a byte changed or delayed: `O::end` runs after the
+/// last frame was handed on (at the final poll, or when hyper drops the body).
+pub struct Observed<O: BodyObserver> {
+    inner: ProxyBody,
+    observer: Option<O>,
+}
+
+impl<O: BodyObserver> Observed<O> {
+    /// Wraps `inner`, reporting to `observer`.
+    pub fn new(inner: ProxyBody, observer: O) -> Self {
+        Self { inner, observer: Some(observer) }
+    }
+
+    fn end(&mut self, how: BodyEnd) {
+        if let Some(mut observer) = self.observer.take() {
+            observer.end(how);
+        }
+    }
+}
+
+impl<O: BodyObserver> Body for Observed<O> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(observer)) = (frame.data_ref(), self.observer.as_mut()) {
+                    observer.data(data);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => self.end(BodyEnd::Failed),
+            Poll::Ready(None) => self.end(BodyEnd::Complete),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<O: BodyObserver> Drop for Observed<O> {
+    fn drop(&mut self) {
+        // hyper stops polling once a body reports its end (content-length reached).
+        let how = if self.inner.is_end_stream() { BodyEnd::Complete } else { BodyEnd::Dropped };
+        self.end(how);
+    }
+}
+
 /// The request body grew past the configured limit.
 #[derive(Debug, thiserror::Error)]
 #[error("request body exceeds the limit of {limit} bytes")]

@@ -2,15 +2,12 @@
 //! changing a byte: from a JSON body, or from the SSE event that carries `usage`
 //! (usually the last one). Recorded once, when the body ends.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http_body::{Body, Frame, SizeHint};
 use serde_json::Value;
 
-use super::body::{BoxError, ProxyBody};
+use super::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 use crate::metrics::{Metrics, model_label};
 
 /// JSON bodies larger than this are not parsed for usage.
@@ -56,25 +53,23 @@ enum Format {
     Ignored,
 }
 
-/// A response body that records upstream usage into metrics when it ends.
+/// Records upstream usage into metrics when the response body it watches ends.
 pub struct UsageTap {
-    inner: ProxyBody,
     format: Format,
     metrics: Arc<Metrics>,
     model: Option<&'static str>,
-    recorded: bool,
 }
 
 impl UsageTap {
-    /// Wraps `inner`; `content_type` and `content_encoding` decide how it is read. Usage
-    /// is labelled with `model` (the request's, normalised) or else the response's own.
-    pub fn new(
+    /// Watches `inner`; `content_type` and `content_encoding` decide how it is read.
+    /// Usage is labelled with `model` (the request's, normalised) or else the response's.
+    pub fn wrap(
         inner: ProxyBody,
         content_type: Option<&str>,
         encoded: bool,
         metrics: Arc<Metrics>,
         model: Option<&'static str>,
-    ) -> Self {
+    ) -> Observed<Self> {
         let format = match content_type.unwrap_or("") {
             _ if encoded => Format::Ignored,
             t if t.starts_with("text/event-stream") => {
@@ -83,7 +78,7 @@ impl UsageTap {
             t if t.starts_with("application/json") => Format::Json(BytesMut::new()),
             _ => Format::Ignored,
         };
-        Self { inner, format, metrics, model, recorded: false }
+        Observed::new(inner, Self { format, metrics, model })
     }
 
     fn observe(&mut self, data: &Bytes) {
@@ -113,9 +108,6 @@ impl UsageTap {
     }
 
     fn finish(&mut self) {
-        if std::mem::replace(&mut self.recorded, true) {
-            return;
-        }
         let found = match &mut self.format {
             Format::Json(buf) => {
                 serde_json::from_slice::<Value>(buf).ok().as_ref().and_then(usage_in)
@@ -160,41 +152,12 @@ fn usage_in(value: &Value) -> Option<(Usage, &'static str)> {
     Some((usage, model))
 }
 
-impl Body for UsageTap {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let data = data.clone();
-                    self.observe(&data);
-                }
-                // hyper may stop polling once the body reports its end (content-length
-                // reached): then `Drop` records, after the last bytes were handed on.
-            }
-            Poll::Ready(None) => self.finish(),
-            _ => {}
-        }
-        polled
+impl BodyObserver for UsageTap {
+    fn data(&mut self, data: &Bytes) {
+        self.observe(data);
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for UsageTap {
-    fn drop(&mut self) {
+    fn end(&mut self, _: BodyEnd) {
         self.finish();
     }
 }
@@ -210,16 +173,18 @@ pub fn tapped(
         headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let encoded = headers.contains_key(http::header::CONTENT_ENCODING);
     response.map(|body| {
-        let tap = UsageTap::new(body, content_type.as_deref(), encoded, metrics.clone(), model);
+        let tap = UsageTap::wrap(body, content_type.as_deref(), encoded, metrics.clone(), model);
         http_body_util::BodyExt::boxed_unsync(tap)
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use http_body::{Body, Frame};
     use http_body_util::BodyExt;
 
     use super::*;
+    use crate::http::body::BoxError;
     use crate::http::body::full;
 
     async fn usage_of(content_type: &str, chunks: &[&str]) -> String {
@@ -231,7 +196,7 @@ mod tests {
                 .collect::<Vec<_>>(),
         );
         let body = http_body_util::StreamBody::new(stream).boxed_unsync();
-        let tap = UsageTap::new(body, Some(content_type), false, metrics.clone(), Some("gpt-4o"));
+        let tap = UsageTap::wrap(body, Some(content_type), false, metrics.clone(), Some("gpt-4o"));
         let bytes = tap.collect().await.unwrap().to_bytes();
         assert_eq!(bytes, chunks.concat(), "bytes pass unchanged");
         String::from_utf8(metrics.render()).unwrap()
@@ -282,8 +247,13 @@ mod tests {
         // last bytes went out, never before.
         let metrics = Arc::new(Metrics::new().unwrap());
         let json = r#"{"usage":{"prompt_tokens":9,"completion_tokens":1}}"#;
-        let mut tap =
-            UsageTap::new(full(json), Some("application/json"), false, metrics.clone(), Some("o3"));
+        let mut tap = UsageTap::wrap(
+            full(json),
+            Some("application/json"),
+            false,
+            metrics.clone(),
+            Some("o3"),
+        );
         let frame = tap.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), json);
         assert!(tap.is_end_stream());
@@ -298,7 +268,7 @@ mod tests {
     #[tokio::test]
     async fn other_bodies_are_ignored() {
         let metrics = Arc::new(Metrics::new().unwrap());
-        let tap = UsageTap::new(full("plain"), Some("text/plain"), false, metrics.clone(), None);
+        let tap = UsageTap::wrap(full("plain"), Some("text/plain"), false, metrics.clone(), None);
         assert_eq!(tap.collect().await.unwrap().to_bytes(), "plain");
         assert!(
             !String::from_utf8(metrics.render()).unwrap().contains("upstream_usage_tokens_total{")
@@ -309,7 +279,8 @@ mod tests {
     async fn without_a_request_model_the_answering_model_labels_usage() {
         let metrics = Arc::new(Metrics::new().unwrap());
         let json = r#"{"object":"response","model":"gpt-4.1-mini-2025-04-14","usage":{"input_tokens":30,"output_tokens":4,"input_tokens_details":{"cached_tokens":10}}}"#;
-        let tap = UsageTap::new(full(json), Some("application/json"), false, metrics.clone(), None);
+        let tap =
+            UsageTap::wrap(full(json), Some("application/json"), false, metrics.clone(), None);
         tap.collect().await.unwrap();
         let text = String::from_utf8(metrics.render()).unwrap();
         let line = |kind: &str, n: u32| {

@@ -2,17 +2,14 @@
 //! path (never the query, which may carry keys), status, duration, request id.
 //! Headers are never logged, so credentials cannot leak here.
 
-use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
 
 use super::request_id::RequestId;
-use crate::http::body::{BoxError, ProxyBody};
+use crate::http::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 
 /// Adds the access log to a service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,9 +58,8 @@ where
         Box::pin(async move {
             let response = future.await?;
             let record = Record { status: response.status(), ..record };
-            Ok(response.map(|body| {
-                http_body_util::BodyExt::boxed_unsync(Logged { inner: body, record: Some(record) })
-            }))
+            Ok(response
+                .map(|body| http_body_util::BodyExt::boxed_unsync(Observed::new(body, record))))
         })
     }
 }
@@ -76,8 +72,14 @@ struct Record {
     status: StatusCode,
 }
 
-impl Record {
-    fn emit(self, outcome: &'static str) {
+/// Logs once when the response body ends, fails or is dropped.
+impl BodyObserver for Record {
+    fn end(&mut self, how: BodyEnd) {
+        let outcome = match how {
+            BodyEnd::Complete => "complete",
+            BodyEnd::Failed => "body_error",
+            BodyEnd::Dropped => "aborted",
+        };
         tracing::info!(
             method = %self.method,
             path = %self.path,
@@ -87,53 +89,5 @@ impl Record {
             outcome,
             "request"
         );
-    }
-}
-
-/// The response body, logging once when it ends, fails or is dropped.
-struct Logged {
-    inner: ProxyBody,
-    record: Option<Record>,
-}
-
-impl Body for Logged {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.finish("complete"),
-            Poll::Ready(Some(Err(_))) => self.finish("body_error"),
-            _ => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Logged {
-    fn finish(&mut self, outcome: &'static str) {
-        if let Some(record) = self.record.take() {
-            record.emit(outcome);
-        }
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        // A body dropped before its end: the client went away or the stream was cut.
-        let outcome = if self.inner.is_end_stream() { "complete" } else { "aborted" };
-        self.finish(outcome);
     }
 }
