@@ -11,7 +11,7 @@ use crate::compactor::Compactor;
 use crate::config::{Config, SummarizerKind};
 use crate::http::Server;
 use crate::http::chat::{ChatState, Summarizers};
-use crate::http::server::ServerError;
+use crate::http::server::{Listeners, ServerError};
 use crate::metrics::Metrics;
 use crate::session::{MemoryStore, SessionStore};
 use crate::summarizer::llm::LlmSummarizer;
@@ -31,10 +31,24 @@ pub enum AppError {
     /// `session.header` is not a header name.
     #[error("session.header: {0}")]
     SessionHeader(String),
+    /// A thread or runtime could not be started.
+    #[error("cannot start a thread or async runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
-/// Builds the chat pipeline (engine, store, summarizer) and binds the server.
+/// Builds the chat pipeline (engine, store, summarizer) and binds the server, which
+/// then runs on the caller's runtime (tests, embedding).
 pub async fn build_server(config: &Config) -> Result<Server, AppError> {
+    let (chat, metrics) = build_pipeline(config, None)?;
+    Ok(Server::bind(config, chat, metrics).await?)
+}
+
+/// The chat pipeline and the metrics every connection thread shares. Compaction runs on
+/// `compaction_runtime` when given.
+fn build_pipeline(
+    config: &Config,
+    compaction_runtime: Option<tokio::runtime::Handle>,
+) -> Result<(ChatState, Arc<Metrics>), AppError> {
     let store: Arc<dyn SessionStore<SessionState>> =
         Arc::new(MemoryStore::new(config.session.ttl, config.session.max_sessions));
     let summarizers = match config.summarizer.kind {
@@ -54,32 +68,92 @@ pub async fn build_server(config: &Config) -> Result<Server, AppError> {
         summarizers,
         session_header,
         enabled: config.compaction.enabled,
+        compaction_runtime,
     };
-    let metrics = Arc::new(Metrics::new()?);
-    Ok(Server::bind(config, chat, metrics).await?)
+    Ok((chat, Arc::new(Metrics::new()?)))
 }
 
 /// Runs the proxy until SIGTERM/SIGINT; exit code 0 after a graceful shutdown.
+///
+/// Threads are laid out like nginx's workers: `server.workers` connection threads, each
+/// with a single-threaded event loop and an upstream pool of its own, accept on one
+/// shared listening socket. A request is served start to end on the thread that
+/// accepted its connection, with no hand-over between threads. Compaction (token
+/// counting, folding, summarizer calls) runs on a separate multi-threaded runtime, so
+/// it never stalls the connections of the thread that received the request.
 pub fn serve(config: Config) -> ExitCode {
     crate::telemetry::init(&config.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
+    match run(&config) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
+            tracing::error!(error = %e, "cannot start");
+            ExitCode::FAILURE
         }
+    }
+}
+
+fn run(config: &Config) -> Result<(), AppError> {
+    let workers = config.server.worker_threads();
+    let compaction = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("foldgate-compaction")
+        .enable_all()
+        .build()
+        .map_err(AppError::Runtime)?;
+    let (chat, metrics) = {
+        // The LLM summarizer's client needs a runtime context to be built.
+        let _context = compaction.enter();
+        build_pipeline(config, Some(compaction.handle().clone()))?
     };
-    runtime.block_on(async {
-        let server = match build_server(&config).await {
-            Ok(server) => server,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start");
-                return ExitCode::FAILURE;
-            }
-        };
-        let addr = server.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        tracing::info!(listen = %addr, upstream = %config.upstream.url, "foldgate listening");
-        server.run(crate::shutdown::signal()).await;
-        ExitCode::SUCCESS
-    })
+    let listeners = Listeners::bind(config)?;
+    let addr = listeners.proxy.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::with_capacity(workers);
+    for index in 0..workers {
+        let listeners = if index == 0 { listeners.share_all() } else { listeners.share() };
+        let listeners = listeners.map_err(AppError::Runtime)?;
+        let (config, chat, metrics) = (config.clone(), chat.clone(), metrics.clone());
+        let (mut stopped, started) = (stopped.clone(), started_tx.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("foldgate-conn-{index}"))
+            .spawn(move || {
+                let runtime =
+                    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(runtime) => runtime,
+                        Err(e) => return drop(started.send(Err(AppError::Runtime(e)))),
+                    };
+                runtime.block_on(async move {
+                    let server = match Server::on(&config, listeners, chat, metrics, index == 0) {
+                        Ok(server) => server,
+                        Err(e) => return drop(started.send(Err(e.into()))),
+                    };
+                    let _ = started.send(Ok(()));
+                    server
+                        .run(async move {
+                            let _ = stopped.wait_for(|stop| *stop).await;
+                        })
+                        .await;
+                });
+            })
+            .map_err(AppError::Runtime)?;
+        threads.push(thread);
+    }
+    drop((listeners, started_tx));
+    let started: Result<Vec<()>, AppError> = started_rx.iter().take(workers).collect();
+    if let Err(e) = started {
+        let _ = stop.send(true);
+        threads.into_iter().for_each(|t| drop(t.join()));
+        return Err(e);
+    }
+    tracing::info!(listen = %addr, upstream = %config.upstream.url, workers, "foldgate listening");
+    compaction.block_on(crate::shutdown::signal());
+    let _ = stop.send(true);
+    for thread in threads {
+        if thread.join().is_err() {
+            tracing::error!("a connection thread panicked");
+        }
+    }
+    compaction.shutdown_timeout(std::time::Duration::from_secs(1));
+    Ok(())
 }

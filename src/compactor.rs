@@ -237,7 +237,8 @@ impl Inner {
 }
 
 impl Decision {
-    fn failed_open(error: String, store_error: bool) -> Self {
+    /// Compaction did not run to the end: forward the original bytes.
+    pub fn failed_open(error: String, store_error: bool) -> Self {
         tracing::error!(%error, "compaction failed; forwarding the original request");
         Self {
             outcome: ChatOutcome::FailedOpen,

@@ -208,3 +208,59 @@ async fn json_access_log_has_one_line_per_request_and_no_credentials() {
     assert_eq!(line["request_id"], "log-test-1");
     assert!(line["duration_ms"].as_f64().is_some());
 }
+
+#[tokio::test]
+async fn the_binary_serves_on_every_connection_thread_and_compacts_on_its_own_runtime() {
+    use common::agent::{ProviderStats, conversation, provider, requests};
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats.clone())).await;
+    let (mut child, addr, lines) = spawn_serve(
+        &mock.url(),
+        &[
+            ("FOLDGATE_SERVER__WORKERS", "3"),
+            ("FOLDGATE_COMPACTION__MAX_CONTEXT_TOKENS", "12000"),
+            ("FOLDGATE_SUMMARIZER__KIND", "llm"),
+        ],
+    );
+    let pid = child.id();
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap())
+        .map(|name| name.trim().to_owned())
+        .collect();
+    for n in 0..3 {
+        let name = format!("foldgate-conn-{n}");
+        assert!(threads.contains(&name), "no thread {name} in {threads:?}");
+    }
+    assert!(threads.iter().any(|t| t.starts_with("foldgate-compa")), "{threads:?}");
+
+    // Many connections at once: every one is served, whichever thread accepts it.
+    let answers = (0..24).map(|i| {
+        let url = format!("http://{addr}/v1/models?n={i}");
+        tokio::spawn(async move { send(Request::get(url).body(full("")).unwrap()).await.0 })
+    });
+    for answer in answers {
+        assert_eq!(answer.await.unwrap(), StatusCode::OK);
+    }
+
+    // A long conversation is compacted (on the compaction runtime) and still answered.
+    let mut outcomes = Vec::new();
+    for body in requests(&conversation(40, 5), &[]) {
+        let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test")
+            .header("x-session-id", "threads")
+            .header("content-type", "application/json")
+            .body(full(body))
+            .unwrap();
+        let (status, headers, _) = send(request).await;
+        assert_eq!(status, StatusCode::OK);
+        outcomes.push(headers["x-foldgate-outcome"].to_str().unwrap().to_owned());
+    }
+    assert_eq!(outcomes[0], "passthrough");
+    assert_eq!(outcomes.last().unwrap(), "compacted", "{outcomes:?}");
+    assert!(stats.summaries.load(Ordering::SeqCst) >= 1, "the model summarizer ran");
+
+    Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "{status:?}\n{}", lines.lock().unwrap().join("\n"));
+}

@@ -75,6 +75,19 @@ pub struct ServerConfig {
     /// How long in-flight requests may run after SIGTERM/SIGINT before exit.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Threads serving connections, each with its own event loop and upstream pool;
+    /// 0 means one per CPU core.
+    pub workers: usize,
+}
+
+impl ServerConfig {
+    /// The number of connection-serving threads: `workers`, or one per core when 0.
+    pub fn worker_threads(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -83,6 +96,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_size: ByteSize(32 * 1024 * 1024),
             shutdown_grace: Duration::from_secs(30),
+            workers: 0,
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::compaction::{Options, Report};
 use crate::compactor::{ChatOutcome, Compactor, Decision};
 use crate::metrics::{Metrics, Route, model_label};
 use crate::model::ChatRequest;
+use crate::session::SessionKey;
 use crate::summarizer::llm::{Credential, LlmSummarizer, SUMMARY_HEADER};
 use crate::summarizer::{
     ExtractiveSummarizer, FailureReason, Summarizer, SummarizerError, SummaryInput,
@@ -29,6 +30,7 @@ use crate::summarizer::{
 const OVERFLOW_PEEK_LIMIT: usize = 256 * 1024;
 
 /// Which summarizer writes digests.
+#[derive(Clone)]
 pub enum Summarizers {
     /// Deterministic digests only.
     Extractive,
@@ -36,7 +38,8 @@ pub enum Summarizers {
     Llm(Arc<LlmSummarizer>),
 }
 
-/// What the chat handler shares.
+/// What the chat handler shares. Cheap to clone: every connection thread holds one.
+#[derive(Clone)]
 pub struct ChatState {
     /// Sessions and the engine.
     pub compactor: Compactor,
@@ -46,9 +49,31 @@ pub struct ChatState {
     pub session_header: HeaderName,
     /// `compaction.enabled`.
     pub enabled: bool,
+    /// Where compaction runs when it should not block the connection's thread (token
+    /// counting and folding take milliseconds); `None` runs it on the calling task.
+    pub compaction_runtime: Option<tokio::runtime::Handle>,
 }
 
 impl ChatState {
+    /// [`Compactor::decide`], on the compaction runtime when there is one.
+    async fn decide(
+        &self,
+        key: &SessionKey,
+        request: &Arc<ChatRequest>,
+        summarizer: Arc<dyn Summarizer>,
+        options: &Options,
+    ) -> Decision {
+        let Some(runtime) = &self.compaction_runtime else {
+            return self.compactor.decide(key, request, summarizer, options).await;
+        };
+        let (compactor, key, request, options) =
+            (self.compactor.clone(), key.clone(), request.clone(), options.clone());
+        runtime
+            .spawn(async move { compactor.decide(&key, &request, summarizer, &options).await })
+            .await
+            .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
+    }
+
     fn summarizer_for(&self, headers: &HeaderMap, request: &ChatRequest) -> Box<dyn Summarizer> {
         match &self.summarizers {
             Summarizers::Extractive => Box::new(ExtractiveSummarizer),
@@ -94,8 +119,8 @@ pub async fn handle(
         inner: chat.summarizer_for(&parts.headers, &parsed),
         metrics: metrics.clone(),
     });
-    let decision =
-        chat.compactor.decide(&key, &parsed, summarizer.clone(), &Options::default()).await;
+    let parsed = Arc::new(parsed);
+    let decision = chat.decide(&key, &parsed, summarizer.clone(), &Options::default()).await;
     log_decision(&decision, false);
     let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
     let response = tapped(client_response(response), metrics, Some(model));
@@ -120,7 +145,7 @@ pub async fn handle(
     }
     let options = overflow_options(chat, &decision, &error_body);
     let started = Instant::now();
-    let retry = chat.compactor.decide(&key, &parsed, summarizer, &options).await;
+    let retry = chat.decide(&key, &parsed, summarizer, &options).await;
     log_decision(&retry, true);
     let Some(body) = retry.rewritten.clone() else {
         // Nothing more to take out (or observe mode): the upstream's answer stands.

@@ -44,6 +44,52 @@ pub struct Server {
     metrics_listener: Option<(TcpListener, String)>,
     state: Arc<AppState>,
     grace: Duration,
+    /// Runs the session sweeper (one server per process does).
+    housekeeping: bool,
+}
+
+/// The sockets a process listens on, bound once and shared by every connection thread.
+pub struct Listeners {
+    /// `server.listen`.
+    pub proxy: std::net::TcpListener,
+    /// `metrics.listen`, when metrics have a port of their own.
+    pub metrics: Option<std::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Binds `server.listen` and, if configured, `metrics.listen`.
+    pub fn bind(config: &Config) -> Result<Self, ServerError> {
+        let bind =
+            |addr: SocketAddr| listen(addr).map_err(|source| ServerError::Bind { addr, source });
+        let metrics = match (config.metrics.enabled, config.metrics.listen) {
+            (true, Some(addr)) => Some(bind(addr)?),
+            _ => None,
+        };
+        Ok(Self { proxy: bind(config.server.listen)?, metrics })
+    }
+
+    /// Another handle on the proxy socket, for one more connection thread.
+    pub fn share(&self) -> std::io::Result<Self> {
+        Ok(Self { proxy: self.proxy.try_clone()?, metrics: None })
+    }
+
+    /// Another handle on every socket, for the thread that also serves metrics.
+    pub fn share_all(&self) -> std::io::Result<Self> {
+        let metrics = self.metrics.as_ref().map(std::net::TcpListener::try_clone).transpose()?;
+        Ok(Self { proxy: self.proxy.try_clone()?, metrics })
+    }
+}
+
+/// A non-blocking listening socket on `addr`, as tokio would make it (`SO_REUSEADDR`,
+/// a backlog of 1024) but not yet tied to a runtime.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 impl Server {
@@ -54,10 +100,23 @@ impl Server {
         chat: ChatState,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
+        Self::on(config, Listeners::bind(config)?, chat, metrics, true)
+    }
+
+    /// A server accepting on `listeners`, with an upstream pool of its own. Must be
+    /// called within the tokio runtime that will run it. `housekeeping` runs the
+    /// session sweeper.
+    pub fn on(
+        config: &Config,
+        listeners: Listeners,
+        chat: ChatState,
+        metrics: Arc<Metrics>,
+        housekeeping: bool,
+    ) -> Result<Self, ServerError> {
         let upstream = Upstream::new(&config.upstream)?;
         let addr = config.server.listen;
-        let listener =
-            TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
+        let listener = TcpListener::from_std(listeners.proxy)
+            .map_err(|source| ServerError::Bind { addr, source })?;
         let state = Arc::new(AppState {
             upstream,
             max_body: config.server.max_body_size.0,
@@ -67,16 +126,23 @@ impl Server {
             metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
                 .then(|| config.metrics.path.clone()),
         });
-        let metrics_listener = match (config.metrics.enabled, config.metrics.listen) {
-            (true, Some(addr)) => Some((
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| ServerError::Bind { addr, source })?,
+        let metrics_listener = match listeners.metrics {
+            Some(listener) => Some((
+                TcpListener::from_std(listener).map_err(|source| ServerError::Bind {
+                    addr: config.metrics.listen.unwrap_or(addr),
+                    source,
+                })?,
                 config.metrics.path.clone(),
             )),
-            _ => None,
+            None => None,
         };
-        Ok(Self { listener, metrics_listener, state, grace: config.server.shutdown_grace })
+        Ok(Self {
+            listener,
+            metrics_listener,
+            state,
+            grace: config.server.shutdown_grace,
+            housekeeping,
+        })
     }
 
     /// The bound address (useful with port 0).
@@ -106,7 +172,8 @@ impl Server {
         let metrics_task = self.metrics_listener.map(|(listener, path)| {
             tokio::spawn(serve_metrics(listener, path, self.state.metrics.clone()))
         });
-        let sweeper = tokio::spawn(sweep_sessions(self.state.clone()));
+        let sweeper = self.housekeeping.then(|| tokio::spawn(sweep_sessions(self.state.clone())));
+        let pacer = tokio::spawn(pace_timers());
         let graceful = GracefulShutdown::new();
         // Connection tasks live here so that those still open after the grace period
         // are aborted even when the runtime outlives `run` (embedding, tests).
@@ -150,7 +217,10 @@ impl Server {
             ),
         }
         connections.abort_all();
-        sweeper.abort();
+        if let Some(task) = sweeper {
+            task.abort();
+        }
+        pacer.abort();
         if let Some(task) = metrics_task {
             task.abort();
         }
@@ -181,6 +251,19 @@ async fn serve_metrics(listener: TcpListener, path: String, metrics: Arc<Metrics
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+/// Keeps a timer due within the next second. Every request arms timers far ahead (the
+/// header-read timeout, the first-byte timeout); when such a timer is the earliest one,
+/// arming it must interrupt the event loop's wait (an `eventfd` write and one more
+/// `epoll_wait` round per request). With this tick pending that never happens, for the
+/// price of one wake-up per second.
+async fn pace_timers() {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
     }
 }
 

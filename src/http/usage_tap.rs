@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
-use serde_json::Value;
+use serde::Deserialize;
 
 use super::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 use crate::metrics::{Metrics, model_label};
@@ -26,19 +28,43 @@ pub struct Usage {
     pub cached: u64,
 }
 
-impl Usage {
-    /// Reads an OpenAI `usage` object.
-    pub fn from_value(usage: &Value) -> Option<Self> {
-        let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
-        let usage = usage.as_object()?;
-        // Chat completions name them prompt/completion; the Responses API input/output.
-        let either = |a: &str, b: &str| usage.get(a).or_else(|| usage.get(b));
-        let details = either("prompt_tokens_details", "input_tokens_details");
-        Some(Self {
-            prompt: n(either("prompt_tokens", "input_tokens")),
-            completion: n(either("completion_tokens", "output_tokens")),
-            cached: n(details.and_then(|d| d.get("cached_tokens"))),
-        })
+/// The parts of an answer (or of a Responses API event's `response`) that carry usage;
+/// every other field is skipped without being built.
+#[derive(Deserialize)]
+struct Answer<'a> {
+    #[serde(default)]
+    usage: Option<UsageFields>,
+    #[serde(default, borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    response: Option<Box<Answer<'a>>>,
+}
+
+/// An OpenAI `usage` object: chat completions name the counts prompt/completion, the
+/// Responses API input/output.
+#[derive(Deserialize)]
+struct UsageFields {
+    prompt_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    cached_tokens: Option<u64>,
+}
+
+impl From<UsageFields> for Usage {
+    fn from(u: UsageFields) -> Self {
+        let details = u.prompt_tokens_details.or(u.input_tokens_details);
+        Self {
+            prompt: u.prompt_tokens.or(u.input_tokens).unwrap_or(0),
+            completion: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
+            cached: details.and_then(|d| d.cached_tokens).unwrap_or(0),
+        }
     }
 }
 
@@ -109,9 +135,7 @@ impl UsageTap {
 
     fn finish(&mut self) {
         let found = match &mut self.format {
-            Format::Json(buf) => {
-                serde_json::from_slice::<Value>(buf).ok().as_ref().and_then(usage_in)
-            }
+            Format::Json(buf) => usage_in(buf),
             Format::Sse { line, last } => {
                 sse_usage(line).or_else(|| last.as_deref().and_then(sse_usage))
             }
@@ -133,9 +157,7 @@ fn sse_usage(line: &[u8]) -> Option<(Usage, &'static str)> {
     if !mentions_usage(line) {
         return None;
     }
-    let payload = line.strip_prefix(b"data:")?;
-    let value: Value = serde_json::from_slice(payload.trim_ascii()).ok()?;
-    usage_in(&value)
+    usage_in(line.strip_prefix(b"data:")?.trim_ascii())
 }
 
 /// A cheap filter: most SSE lines carry no usage.
@@ -143,13 +165,13 @@ fn mentions_usage(line: &[u8]) -> bool {
     line.starts_with(b"data:") && line.windows(7).any(|w| w == b"\"usage\"")
 }
 
-/// The usage of an answer (top-level, or under `response` in Responses API events) and
-/// the normalised model that answered.
-fn usage_in(value: &Value) -> Option<(Usage, &'static str)> {
-    let holder = if value.get("usage").is_some() { value } else { value.get("response")? };
-    let usage = holder.get("usage").and_then(Usage::from_value)?;
-    let model = holder.get("model").and_then(Value::as_str).map_or("other", model_label);
-    Some((usage, model))
+/// The usage in a JSON answer (top-level, or under `response` in Responses API events)
+/// and the normalised model that answered.
+fn usage_in(json: &[u8]) -> Option<(Usage, &'static str)> {
+    let answer: Answer<'_> = serde_json::from_slice(json).ok()?;
+    let holder = if answer.usage.is_some() { answer } else { *answer.response? };
+    let model = holder.model.as_deref().map_or("other", model_label);
+    Some((holder.usage?.into(), model))
 }
 
 impl BodyObserver for UsageTap {
