@@ -69,7 +69,9 @@ impl From<UsageFields> for Usage {
 }
 
 enum Format {
-    Json(BytesMut),
+    /// The body's frames so far: most JSON answers arrive in one, which is then parsed
+    /// where it lies instead of being copied.
+    Json { frames: Vec<Bytes>, len: usize },
     /// The line being read, and the last complete line that mentions `usage` (parsed
     /// only at the end, so no chunk waits for JSON parsing).
     Sse {
@@ -101,7 +103,7 @@ impl UsageTap {
             t if t.starts_with("text/event-stream") => {
                 Format::Sse { line: BytesMut::new(), last: None }
             }
-            t if t.starts_with("application/json") => Format::Json(BytesMut::new()),
+            t if t.starts_with("application/json") => Format::Json { frames: Vec::new(), len: 0 },
             _ => Format::Ignored,
         };
         Observed::new(inner, Self { format, metrics, model })
@@ -109,11 +111,12 @@ impl UsageTap {
 
     fn observe(&mut self, data: &Bytes) {
         match &mut self.format {
-            Format::Json(buf) => {
-                if buf.len() + data.len() > MAX_JSON {
+            Format::Json { frames, len } => {
+                *len += data.len();
+                if *len > MAX_JSON {
                     self.format = Format::Ignored;
                 } else {
-                    buf.extend_from_slice(data);
+                    frames.push(data.clone());
                 }
             }
             Format::Sse { line, last } => {
@@ -135,7 +138,10 @@ impl UsageTap {
 
     fn finish(&mut self) {
         let found = match &mut self.format {
-            Format::Json(buf) => usage_in(buf),
+            Format::Json { frames, .. } => match frames.as_slice() {
+                [one] => usage_in(one),
+                many => usage_in(&many.concat()),
+            },
             Format::Sse { line, last } => {
                 sse_usage(line).or_else(|| last.as_deref().and_then(sse_usage))
             }

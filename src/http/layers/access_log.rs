@@ -42,6 +42,10 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        // At a level that drops access lines, the body is not watched at all.
+        if !tracing::enabled!(tracing::Level::INFO) {
+            return Box::pin(self.inner.call(request));
+        }
         let record = Record {
             method: request.method().clone(),
             path: request.uri().path().to_owned(),

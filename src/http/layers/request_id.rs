@@ -76,8 +76,19 @@ fn generate() -> HeaderValue {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    HeaderValue::from_str(&format!("{prefix:016x}{n:016x}"))
+    HeaderValue::from_bytes(&hex_pair(prefix, n))
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+/// `{a:016x}{b:016x}` without going through the formatter.
+fn hex_pair(a: u64, b: u64) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, digit) in out.iter_mut().enumerate() {
+        let word = if i < 16 { a } else { b };
+        let shift = 60 - 4 * (i % 16);
+        *digit = b"0123456789abcdef"[((word >> shift) & 0xf) as usize];
+    }
+    out
 }
 
 #[cfg(test)]
@@ -89,7 +100,14 @@ mod tests {
         assert!(is_well_formed(&HeaderValue::from_static("abc-123")));
         assert!(!is_well_formed(&HeaderValue::from_static("has space")));
         assert!(!is_well_formed(&HeaderValue::from_str(&"x".repeat(200)).unwrap()));
-        assert_eq!(generate().len(), 32);
+        let pair = hex_pair(0x0123_4567_89ab_cdef, 42);
+        assert_eq!(
+            std::str::from_utf8(&pair).unwrap(),
+            format!("{:016x}{:016x}", 0x0123_4567_89ab_cdef_u64, 42)
+        );
+        let id = generate();
+        assert_eq!(id.len(), 32);
+        assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit), "{id:?}");
         assert_ne!(generate(), generate(), "ids are unique");
     }
 }
