@@ -71,7 +71,10 @@ impl From<UsageFields> for Usage {
 enum Format {
     /// The body's frames so far: most JSON answers arrive in one, which is then parsed
     /// where it lies instead of being copied.
-    Json { frames: Vec<Bytes>, len: usize },
+    Json {
+        frames: Vec<Bytes>,
+        len: usize,
+    },
     /// The line being read, and the last complete line that mentions `usage` (parsed
     /// only at the end, so no chunk waits for JSON parsing).
     Sse {
