@@ -2,12 +2,15 @@
 //! text in this file, labels bounded by construction (typed label enums, normalised model
 //! names; never sessions, tenants, paths with ids or prompt text).
 
+use std::sync::OnceLock;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
 use crate::compactor::ChatOutcome;
 use crate::summarizer::FailureReason;
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
-};
 
 /// Routes as metric labels (never raw paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +26,17 @@ pub enum Route {
 }
 
 impl Route {
+    const COUNT: usize = 4;
+
+    fn index(self) -> usize {
+        match self {
+            Self::ChatCompletions => 0,
+            Self::Passthrough => 1,
+            Self::Local => 2,
+            Self::Unknown => 3,
+        }
+    }
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -36,13 +50,29 @@ impl Route {
 
 /// `1xx`..`5xx` for a status code.
 pub fn status_class(status: u16) -> &'static str {
+    STATUS_CLASSES[status_class_index(status)]
+}
+
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+fn status_class_index(status: u16) -> usize {
     match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
     }
+}
+
+/// Children of the labelled metrics every request touches, looked up once each: a
+/// lookup hashes the label values, which would otherwise happen on every request. Each
+/// is resolved on first use, so the exposition still lists only series that occurred.
+#[derive(Default)]
+struct PerRequest {
+    requests: [[OnceLock<IntCounter>; STATUS_CLASSES.len()]; Route::COUNT],
+    upstream_ttfb: [OnceLock<Histogram>; Route::COUNT],
+    proxy_overhead: [OnceLock<Histogram>; Route::COUNT],
 }
 
 /// Model families reported as themselves; everything else is `other`.
@@ -129,6 +159,7 @@ pub struct Metrics {
     pub store_errors: IntCounterVec,
     /// Retries after a context-length error, by result (`retried`, `nothing_to_compact`).
     pub overflow_retries: IntCounterVec,
+    per_request: PerRequest,
 }
 
 /// Metric creation failed (a programming error: duplicate or invalid names).
@@ -255,6 +286,7 @@ impl Metrics {
                 &["result"],
             )?,
             registry,
+            per_request: PerRequest::default(),
         }
         .with_known_labels())
     }
@@ -296,7 +328,26 @@ impl Metrics {
 
     /// Counts one finished request.
     pub fn request(&self, route: Route, status: u16) {
-        self.requests.with_label_values(&[route.as_str(), status_class(status)]).inc();
+        let class = status_class_index(status);
+        self.per_request.requests[route.index()][class]
+            .get_or_init(|| {
+                self.requests.with_label_values(&[route.as_str(), STATUS_CLASSES[class]])
+            })
+            .inc();
+    }
+
+    /// Records the time from the upstream send to the response headers.
+    pub fn observe_upstream_ttfb(&self, route: Route, seconds: f64) {
+        self.per_request.upstream_ttfb[route.index()]
+            .get_or_init(|| self.upstream_ttfb.with_label_values(&[route.as_str()]))
+            .observe(seconds);
+    }
+
+    /// Records the time spent before the upstream send.
+    pub fn observe_proxy_overhead(&self, route: Route, seconds: f64) {
+        self.per_request.proxy_overhead[route.index()]
+            .get_or_init(|| self.proxy_overhead.with_label_values(&[route.as_str()]))
+            .observe(seconds);
     }
 }
 

@@ -227,11 +227,10 @@ async fn send(
     let mut headers = parts.headers.clone();
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let request = build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body))?;
-    let route = [Route::ChatCompletions.as_str()];
-    metrics.proxy_overhead.with_label_values(&route).observe(started.elapsed().as_secs_f64());
+    metrics.observe_proxy_overhead(Route::ChatCompletions, started.elapsed().as_secs_f64());
     let sent = Instant::now();
     let result = upstream.send(request).await;
-    metrics.upstream_ttfb.with_label_values(&route).observe(sent.elapsed().as_secs_f64());
+    metrics.observe_upstream_ttfb(Route::ChatCompletions, sent.elapsed().as_secs_f64());
     result
 }
 

@@ -30,11 +30,10 @@ pub async fn forward(
     let exceeded = Arc::new(AtomicBool::new(false));
     let body = boxed(Limited::new(body, max_body, exceeded.clone()));
     let outgoing = upstream_request(upstream, parts, body)?;
-    let route = [Route::Passthrough.as_str()];
-    metrics.proxy_overhead.with_label_values(&route).observe(started.elapsed().as_secs_f64());
+    metrics.observe_proxy_overhead(Route::Passthrough, started.elapsed().as_secs_f64());
     let sent = Instant::now();
     let result = upstream.send(outgoing).await;
-    metrics.upstream_ttfb.with_label_values(&route).observe(sent.elapsed().as_secs_f64());
+    metrics.observe_upstream_ttfb(Route::Passthrough, sent.elapsed().as_secs_f64());
     match result {
         Ok(response) => Ok(tapped(client_response(response), metrics, None)),
         Err(_) if exceeded.load(Ordering::Acquire) => {
