@@ -211,7 +211,7 @@ async fn json_access_log_has_one_line_per_request_and_no_credentials() {
 
 #[tokio::test]
 async fn the_binary_serves_on_every_connection_thread_and_compacts_on_its_own_runtime() {
-    use common::agent::{ProviderStats, conversation, provider, requests};
+    use common::agent::{ProviderStats, chat_request_to, conversation, provider, requests};
     let stats = Arc::new(ProviderStats::default());
     let mock = MockUpstream::start(provider(stats.clone())).await;
     let (mut child, addr, lines) = spawn_serve(
@@ -246,13 +246,9 @@ async fn the_binary_serves_on_every_connection_thread_and_compacts_on_its_own_ru
     // A long conversation is compacted (on the compaction runtime) and still answered.
     let mut outcomes = Vec::new();
     for body in requests(&conversation(40, 5), &[]) {
-        let request = Request::post(format!("http://{addr}/v1/chat/completions"))
-            .header("authorization", "Bearer sk-test")
-            .header("x-session-id", "threads")
-            .header("content-type", "application/json")
-            .body(full(body))
-            .unwrap();
-        let (status, headers, _) = send(request).await;
+        let url = format!("http://{addr}/v1/chat/completions");
+        let (status, headers, _) =
+            send(chat_request_to(&url, body, "Bearer sk-test", "threads")).await;
         assert_eq!(status, StatusCode::OK);
         outcomes.push(headers["x-foldgate-outcome"].to_str().unwrap().to_owned());
     }

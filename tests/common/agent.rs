@@ -137,7 +137,17 @@ pub fn chat_request(
     credential: &str,
     session: &str,
 ) -> http::Request<TestBody> {
-    http::Request::post(proxy.url("/v1/chat/completions"))
+    chat_request_to(&proxy.url("/v1/chat/completions"), body, credential, session)
+}
+
+/// A chat-completions request to `url` with a credential and a session id.
+pub fn chat_request_to(
+    url: &str,
+    body: Bytes,
+    credential: &str,
+    session: &str,
+) -> http::Request<TestBody> {
+    http::Request::post(url)
         .header("authorization", credential)
         .header("x-session-id", session)
         .header("content-type", "application/json")
