@@ -128,7 +128,9 @@ fn run(config: &Config) -> Result<(), AppError> {
                         Ok(server) => server,
                         Err(e) => return drop(started.send(Err(e.into()))),
                     };
+                    // Dropping the sender lets `run` see a thread that died before this.
                     let _ = started.send(Ok(()));
+                    drop(started);
                     server
                         .run(async move {
                             let _ = stopped.wait_for(|stop| *stop).await;
@@ -140,8 +142,17 @@ fn run(config: &Config) -> Result<(), AppError> {
         threads.push(thread);
     }
     drop((listeners, started_tx));
-    let started: Result<Vec<()>, AppError> = started_rx.iter().take(workers).collect();
-    if let Err(e) = started {
+    // One message per thread; a thread that panicked while starting sends none.
+    let reports: Vec<Result<(), AppError>> = started_rx.iter().collect();
+    let reported = reports.len();
+    let failed = match reports.into_iter().find(Result::is_err) {
+        Some(Err(e)) => Some(e),
+        _ if reported < workers => {
+            Some(AppError::Runtime(std::io::Error::other("a connection thread died at start")))
+        }
+        _ => None,
+    };
+    if let Some(e) = failed {
         let _ = stop.send(true);
         threads.into_iter().for_each(|t| drop(t.join()));
         return Err(e);
