@@ -18,7 +18,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use foldgate::config::{Config, SummarizerKind};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -64,28 +63,40 @@ async fn start_mock() -> SocketAddr {
     addr
 }
 
-/// Starts foldgate on its own runtime (two workers, as on this machine) and returns its address.
-fn start_foldgate(upstream: SocketAddr, compaction: bool) -> SocketAddr {
-    let mut config = Config::default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.upstream.url = format!("http://{upstream}/v1");
-    config.log.level = "warn".into();
-    config.compaction.enabled = compaction;
-    config.summarizer.kind = SummarizerKind::Extractive;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let server = foldgate::app::build_server(&config).await.unwrap();
-            tx.send(server.local_addr().unwrap()).unwrap();
-            server.run(std::future::pending()).await;
-        });
-    });
-    rx.recv().unwrap()
+/// The `foldgate` binary, killed when dropped.
+struct Foldgate(std::process::Child);
+
+impl Drop for Foldgate {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the `foldgate` binary (its own connection threads and compaction runtime, as
+/// in production) and waits until it accepts connections.
+fn start_foldgate(upstream: SocketAddr, compaction: bool) -> (Foldgate, SocketAddr) {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_foldgate"));
+    command.arg("serve").env_remove("RUST_LOG");
+    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("FOLDGATE_")) {
+        command.env_remove(key);
+    }
+    let child = command
+        .env("FOLDGATE_LISTEN", addr.to_string())
+        .env("FOLDGATE_UPSTREAM_URL", format!("http://{upstream}/v1"))
+        .env("FOLDGATE_LOG__LEVEL", "warn")
+        .env("FOLDGATE_COMPACTION__ENABLED", compaction.to_string())
+        .env("FOLDGATE_SUMMARIZER__KIND", "extractive")
+        .spawn()
+        .unwrap();
+    let foldgate = Foldgate(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "foldgate did not start listening on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (foldgate, addr)
 }
 
 struct Run {
@@ -153,8 +164,8 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let mock = start_mock().await;
-        let warm = start_foldgate(mock, true);
-        let plain = start_foldgate(mock, false);
+        let (_warm_process, warm) = start_foldgate(mock, true);
+        let (_plain_process, plain) = start_foldgate(mock, false);
         let history = traces::conversation(108_000);
         // One distinct request per send: the stored history plus one new exchange.
         let bodies: Vec<Bytes> = (0..(rate * seconds) as usize).map(|turn| body(&history, turn)).collect();
