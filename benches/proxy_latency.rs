@@ -950,7 +950,7 @@ impl Report {
 Command: `scripts/bench-proxy.sh` (installs nginx when it is missing, then runs
 `cargo bench --bench proxy_latency` at real-time priority when allowed).
 
-Date: {date}. Machine: {cores} cores ({cpu}), shared with another engineer's builds.
+Date: {date}. Machine: {cores} cores ({cpu}); slices disturbed by other load are redone (see Noise).
 Scheduling: {sched}.
 
 Setup: one process holds the load generator and the mock upstream (hyper 1, reads the
