@@ -82,7 +82,7 @@ fn build_pipeline(
 /// counting, folding, summarizer calls) runs on a separate multi-threaded runtime, so
 /// it never stalls the connections of the thread that received the request.
 pub fn serve(config: Config) -> ExitCode {
-    crate::telemetry::init(&config.log);
+    let _log = crate::telemetry::init(&config.log);
     match run(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -49,8 +49,9 @@ pub trait BodyObserver: Send + Unpin + 'static {
     fn end(&mut self, how: BodyEnd);
 }
 
-/// A body watched by `O` without a byte changed or delayed: `O::end` runs after the
-/// last frame was handed on (at the final poll, or when hyper drops the body).
+/// A body watched by `O` without a byte changed or delayed: `O::end` runs in a task
+/// spawned when the last frame was handed on (at the final poll, or when hyper drops the
+/// body), so after the bytes went out.
 pub struct Observed<O: BodyObserver> {
     inner: ProxyBody,
     observer: Option<O>,
@@ -63,8 +64,12 @@ impl<O: BodyObserver> Observed<O> {
     }
 
     fn end(&mut self, how: BodyEnd) {
-        if let Some(mut observer) = self.observer.take() {
-            observer.end(how);
+        let Some(mut observer) = self.observer.take() else { return };
+        // hyper drops a finished body before it flushes the last bytes to the socket:
+        // the observer runs in a task of its own, after that flush.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move { observer.end(how) })),
+            Err(_) => observer.end(how),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Reads token usage from a chat response as it streams by, without delaying or
 //! changing a byte: from a JSON body, or from the SSE event that carries `usage`
-//! (usually the last one). Recorded once, when the body ends.
+//! (usually the last one). Recorded once, after the body ended and its bytes went out.
 
 use std::sync::Arc;
 
@@ -218,6 +218,11 @@ mod tests {
     use crate::http::body::BoxError;
     use crate::http::body::full;
 
+    /// Lets the task that records usage (spawned when the body ends) run.
+    async fn recorded() {
+        tokio::task::yield_now().await;
+    }
+
     async fn usage_of(content_type: &str, chunks: &[&str]) -> String {
         let metrics = Arc::new(Metrics::new().unwrap());
         let stream = futures_util::stream::iter(
@@ -230,6 +235,7 @@ mod tests {
         let tap = UsageTap::wrap(body, Some(content_type), false, metrics.clone(), Some("gpt-4o"));
         let bytes = tap.collect().await.unwrap().to_bytes();
         assert_eq!(bytes, chunks.concat(), "bytes pass unchanged");
+        recorded().await;
         String::from_utf8(metrics.render()).unwrap()
     }
 
@@ -289,6 +295,7 @@ mod tests {
         assert_eq!(frame.into_data().unwrap(), json);
         assert!(tap.is_end_stream());
         drop(tap);
+        recorded().await;
         let text = String::from_utf8(metrics.render()).unwrap();
         assert!(
             text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="o3"} 9"#),
@@ -313,6 +320,7 @@ mod tests {
         let tap =
             UsageTap::wrap(full(json), Some("application/json"), false, metrics.clone(), None);
         tap.collect().await.unwrap();
+        recorded().await;
         let text = String::from_utf8(metrics.render()).unwrap();
         let line = |kind: &str, n: u32| {
             format!(
