@@ -27,6 +27,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+#[path = "support/foldgate_process.rs"]
+mod foldgate_process;
 #[path = "support/traces.rs"]
 mod traces;
 
@@ -77,15 +79,8 @@ impl Drop for Foldgate {
 /// in production) and waits until it accepts connections.
 fn start_foldgate(upstream: SocketAddr, compaction: bool) -> (Foldgate, SocketAddr) {
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_foldgate"));
-    command.arg("serve").env_remove("RUST_LOG");
-    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("FOLDGATE_")) {
-        command.env_remove(key);
-    }
-    let child = command
-        .env("FOLDGATE_LISTEN", addr.to_string())
-        .env("FOLDGATE_UPSTREAM_URL", format!("http://{upstream}/v1"))
-        .env("FOLDGATE_LOG__LEVEL", "warn")
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_foldgate"));
+    let child = foldgate_process::serve_command(bin, addr, upstream)
         .env("FOLDGATE_COMPACTION__ENABLED", compaction.to_string())
         .env("FOLDGATE_SUMMARIZER__KIND", "extractive")
         .spawn()

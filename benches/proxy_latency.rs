@@ -39,6 +39,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde_json::json;
 
+#[path = "support/foldgate_process.rs"]
+mod foldgate_process;
+
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Load sent, unmeasured, before each measured slice: wakes threads and pools after idling.
 const SLICE_WARMUP: Duration = Duration::from_millis(500);
@@ -495,17 +498,9 @@ fn foldgate_bin() -> PathBuf {
 
 fn start_foldgate(dir: &Path, upstream: SocketAddr) -> ChildGuard {
     let addr = free_port();
-    let mut command = Command::new(foldgate_bin());
-    command.arg("serve").current_dir(dir).env_remove("RUST_LOG");
-    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("FOLDGATE_")) {
-        command.env_remove(key);
-    }
-    command
-        .env("FOLDGATE_LISTEN", addr.to_string())
-        .env("FOLDGATE_UPSTREAM_URL", format!("http://{upstream}/v1"))
-        .env("FOLDGATE_LOG__LEVEL", "warn")
-        // Passthrough latency: the engine's own cost is measured by its criterion benches.
-        .env("FOLDGATE_COMPACTION__ENABLED", "false");
+    let mut command = foldgate_process::serve_command(&foldgate_bin(), addr, upstream);
+    // Passthrough latency: the engine's own cost is measured by its criterion benches.
+    command.current_dir(dir).env("FOLDGATE_COMPACTION__ENABLED", "false");
     ChildGuard::spawn("foldgate", command, addr, dir.join("foldgate.out"))
 }
 
