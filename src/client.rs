@@ -1,7 +1,7 @@
-//! The one way foldgate builds an outbound HTTP client: a pooled hyper-util client that
-//! speaks HTTP/1.1 and HTTP/2 (ALPN), TLS by rustls with the ring provider, with the
-//! upstream's connect timeout, pool settings and trusted roots. Used by the proxy's
-//! upstream client and by the LLM summarizer.
+//! The one way foldgate makes outbound connections: TCP with the upstream's connect
+//! timeout, TLS by rustls with the ring provider and the configured roots, HTTP/1.1 and
+//! HTTP/2 by ALPN. The proxy's upstream pool (`http::connections`) uses the connector;
+//! the LLM summarizer uses the pooled hyper-util client built on it.
 
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -25,6 +25,19 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .pool_idle_timeout(upstream.pool_idle_timeout)
+        .pool_max_idle_per_host(upstream.pool_max_idle_per_host)
+        .build(https_connector(upstream)?))
+}
+
+/// The connector behind [`https_client`]: TCP with `upstream`'s connect timeout and
+/// `TCP_NODELAY`, then TLS with its roots and ALPN (`h2`, `http/1.1`) for `https` URIs.
+pub fn https_connector(
+    upstream: &UpstreamConfig,
+) -> Result<HttpsConnector<HttpConnector>, TlsSetupError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -38,11 +51,5 @@ where
             .with_provider_and_native_roots(provider)
             .map_err(|e| TlsSetupError(e.to_string()))?,
     };
-    let connector = builder.https_or_http().enable_all_versions().wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .pool_idle_timeout(upstream.pool_idle_timeout)
-        .pool_max_idle_per_host(upstream.pool_max_idle_per_host)
-        .build(connector))
+    Ok(builder.https_or_http().enable_all_versions().wrap_connector(http))
 }

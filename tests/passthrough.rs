@@ -218,3 +218,70 @@ async fn http2_clients_are_served() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "{\"h2\":true}");
 }
+
+#[tokio::test]
+async fn sequential_requests_reuse_one_upstream_connection() {
+    let mock = MockUpstream::start(Arc::new(|rec: Recorded| {
+        Box::pin(async move {
+            match rec.uri.path() {
+                // Bodies that end before they start: the connection must still come back.
+                "/v1/empty" => response(204, Bytes::new()),
+                _ => response(200, rec.body),
+            }
+        })
+    }))
+    .await;
+    let proxy = Proxy::to(&mock.url()).await;
+    for i in 0..10 {
+        let (status, _, body) = send(post(&proxy.url("/v1/embeddings"), format!("{i}"))).await;
+        assert_eq!((status, body), (StatusCode::OK, Bytes::from(format!("{i}"))));
+        let (status, _, _) = send(post(&proxy.url("/v1/empty"), "x")).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        let head = Request::head(proxy.url("/v1/models")).body(full(Bytes::new())).unwrap();
+        assert_eq!(send(head).await.0, StatusCode::OK);
+    }
+    assert_eq!(mock.recorded().len(), 30);
+    assert_eq!(mock.connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// An upstream that answers each connection's first request, then closes it without
+/// saying so (as a server whose keep-alive timeout runs out does, a moment later).
+async fn closing_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (url, accepted)
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_is_replaced_without_an_error() {
+    let (url, accepted) = closing_upstream().await;
+    let proxy = Proxy::to(&url).await;
+    for round in 0..4 {
+        let (status, _, body) = send(post(&proxy.url("/v1/embeddings"), "{}")).await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]), "round {round}");
+        // The pool must notice the close and open a new connection, not fail.
+        tokio::time::sleep(Duration::from_millis(if round % 2 == 0 { 20 } else { 2 })).await;
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 4);
+}

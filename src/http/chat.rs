@@ -14,7 +14,7 @@ use super::body::{ProxyBody, ReadError, full, peek, read_limited};
 use super::error::ProxyError;
 use super::passthrough::{self, build_request, client_response, declared_length};
 use super::session_key::session_key;
-use super::upstream::Upstream;
+use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped;
 use crate::compaction::{Options, Report};
 use crate::compactor::{ChatOutcome, Compactor, Decision};
@@ -223,7 +223,7 @@ async fn send(
     started: Instant,
     parts: &http::request::Parts,
     body: Bytes,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<Response<UpstreamBody>, ProxyError> {
     let mut headers = parts.headers.clone();
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let request = build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body))?;

@@ -17,6 +17,10 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Removes hop-by-hop headers, including those named by `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names instead of a lookup per rule.
+    if !headers.keys().any(|name| name == header::UPGRADE || HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -48,5 +52,24 @@ mod tests {
         assert!(h.get(header::TRANSFER_ENCODING).is_none());
         assert!(h.get(header::AUTHORIZATION).is_some());
         assert!(h.get("openai-organization").is_some());
+    }
+
+    #[test]
+    fn strips_any_single_hop_by_hop_header_and_keeps_the_rest_untouched() {
+        for name in HOP_BY_HOP.iter().chain([&header::UPGRADE]) {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+            h.insert(name.clone(), "x".parse().unwrap());
+            strip_hop_by_hop(&mut h);
+            assert!(h.get(name).is_none(), "{name} kept");
+            assert_eq!(h.len(), 1);
+        }
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, "Bearer k".parse().unwrap());
+        h.append("x-custom", "1".parse().unwrap());
+        h.append("x-custom", "2".parse().unwrap());
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
     }
 }

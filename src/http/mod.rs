@@ -3,6 +3,7 @@
 
 mod body;
 pub mod chat;
+mod connections;
 mod error;
 mod headers;
 pub mod layers;

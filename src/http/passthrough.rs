@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use super::body::{Limited, ProxyBody, boxed};
 use super::error::ProxyError;
 use super::headers::strip_hop_by_hop;
-use super::upstream::Upstream;
+use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped;
 use crate::metrics::{Metrics, Route};
 
@@ -64,20 +64,19 @@ pub fn build_request(
         .target_uri(uri.path(), uri.query())
         .map_err(|e| ProxyError::UpstreamUnreachable(format!("cannot build upstream URI: {e}")))?;
     strip_hop_by_hop(&mut headers);
-    // The client sets Host from the URI; an expectation is between client and foldgate.
-    headers.remove(header::HOST);
+    // The connection pool sets Host for the upstream (HTTP/1.1) or drops it (HTTP/2,
+    // which has `:authority`); an expectation is between client and foldgate.
     headers.remove(header::EXPECT);
     let mut outgoing = Request::new(body);
     *outgoing.method_mut() = method;
     *outgoing.uri_mut() = uri;
     *outgoing.headers_mut() = headers;
     // The pooled connection decides between HTTP/1.1 and HTTP/2 (ALPN).
-    *outgoing.version_mut() = Version::HTTP_11;
     Ok(outgoing)
 }
 
 /// The upstream's response as the client gets it: status, headers (minus hop-by-hop), body.
-pub fn client_response(response: Response<Incoming>) -> Response<ProxyBody> {
+pub fn client_response(response: Response<UpstreamBody>) -> Response<ProxyBody> {
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::HTTP_11;

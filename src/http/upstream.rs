@@ -2,15 +2,17 @@
 //! and the mapping from foldgate's `/v1/<rest>` to `<upstream base>/<rest>`.
 
 use std::error::Error as _;
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
-use hyper::body::Incoming;
 
 use super::body::ProxyBody;
+pub use super::connections::UpstreamBody;
+use super::connections::{ConnectionPool, SendError};
 use super::error::ProxyError;
-use crate::client::{HttpsClient, https_client};
+use crate::client::https_connector;
 use crate::config::UpstreamConfig;
 
 /// Why the upstream client could not be built.
@@ -27,9 +29,7 @@ pub enum UpstreamSetupError {
 /// The provider foldgate forwards to.
 #[derive(Clone)]
 pub struct Upstream {
-    client: HttpsClient<ProxyBody>,
-    scheme: Scheme,
-    authority: Authority,
+    pool: Arc<ConnectionPool>,
     /// Base path without a trailing slash, e.g. `/v1` or `/api/v1`.
     base_path: String,
     connect_timeout: Duration,
@@ -37,7 +37,7 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the pooled client for `config`.
+    /// Builds the client for `config`, with a connection pool of its own.
     pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamSetupError> {
         let uri: Uri = config.url.parse().map_err(|e| UpstreamSetupError::Url(format!("{e}")))?;
         let scheme =
@@ -46,18 +46,26 @@ impl Upstream {
             uri.authority().cloned().ok_or_else(|| UpstreamSetupError::Url("no host".into()))?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
 
-        let client = https_client(config).map_err(|e| UpstreamSetupError::Tls(e.to_string()))?;
-        Ok(Self {
-            client,
+        let connector =
+            https_connector(config).map_err(|e| UpstreamSetupError::Tls(e.to_string()))?;
+        let pool = ConnectionPool::new(
+            connector,
             scheme,
             authority,
+            config.pool_idle_timeout,
+            config.pool_max_idle_per_host,
+        )
+        .map_err(|e| UpstreamSetupError::Url(e.to_string()))?;
+        Ok(Self {
+            pool: Arc::new(pool),
             base_path,
             connect_timeout: config.connect_timeout,
             first_byte_timeout: config.first_byte_timeout,
         })
     }
 
-    /// The upstream URI for a request to foldgate's `path` (which starts with `/v1`).
+    /// The upstream URI, in origin form (`/base/rest?query`), for a request to foldgate's
+    /// `path` (which starts with `/v1`).
     pub fn target_uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
         let rest = path.strip_prefix("/v1").unwrap_or(path);
         let mut target = String::with_capacity(self.base_path.len() + rest.len() + 1);
@@ -71,24 +79,15 @@ impl Upstream {
             target.push_str(q);
         }
         let path_and_query: PathAndQuery = target.parse()?;
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-    }
-
-    /// The upstream's `host[:port]`, for the `Host` header.
-    pub fn authority(&self) -> &Authority {
-        &self.authority
+        Ok(Uri::from(path_and_query))
     }
 
     /// Sends `request` and waits for the response headers within the first-byte timeout.
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
-    ) -> Result<Response<Incoming>, ProxyError> {
-        match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
+        match tokio::time::timeout(self.first_byte_timeout, self.pool.send(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(format!(
                 "no response headers within {} (upstream.first_byte_timeout)",
                 humantime::format_duration(self.first_byte_timeout)
@@ -98,7 +97,7 @@ impl Upstream {
         }
     }
 
-    fn classify(&self, error: &hyper_util::client::legacy::Error) -> ProxyError {
+    fn classify(&self, error: &SendError) -> ProxyError {
         let mut chain = error.to_string();
         let mut timed_out = false;
         let mut source = error.source();
@@ -112,7 +111,7 @@ impl Upstream {
             }
             source = s.source();
         }
-        if timed_out && error.is_connect() {
+        if timed_out && matches!(error, SendError::Connect(_)) {
             ProxyError::UpstreamTimeout(format!(
                 "connect timed out after {} (upstream.connect_timeout)",
                 humantime::format_duration(self.connect_timeout)
@@ -136,18 +135,12 @@ mod tests {
         let u = upstream("https://openrouter.ai/api/v1");
         assert_eq!(
             u.target_uri("/v1/chat/completions", Some("a=1")).unwrap().to_string(),
-            "https://openrouter.ai/api/v1/chat/completions?a=1"
+            "/api/v1/chat/completions?a=1"
         );
         let u = upstream("http://localhost:11434/v1/");
-        assert_eq!(
-            u.target_uri("/v1/models", None).unwrap().to_string(),
-            "http://localhost:11434/v1/models"
-        );
+        assert_eq!(u.target_uri("/v1/models", None).unwrap().to_string(), "/v1/models");
         let u = upstream("http://127.0.0.1:9");
-        assert_eq!(
-            u.target_uri("/v1/models", None).unwrap().to_string(),
-            "http://127.0.0.1:9/models"
-        );
-        assert_eq!(u.target_uri("/v1", None).unwrap().to_string(), "http://127.0.0.1:9/");
+        assert_eq!(u.target_uri("/v1/models", None).unwrap().to_string(), "/models");
+        assert_eq!(u.target_uri("/v1", None).unwrap().to_string(), "/");
     }
 }

@@ -64,6 +64,8 @@ pub fn response(status: u16, body: impl Into<Bytes>) -> Response<TestBody> {
 pub struct MockUpstream {
     pub addr: SocketAddr,
     pub requests: Arc<Mutex<Vec<Recorded>>>,
+    /// Connections accepted so far.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     _shutdown: oneshot::Sender<()>,
 }
 
@@ -74,12 +76,15 @@ impl MockUpstream {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let (tx, mut rx) = oneshot::channel::<()>();
         let recorded = requests.clone();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted = connections.clone();
         tokio::spawn(async move {
             loop {
                 let (stream, _) = tokio::select! {
                     a = listener.accept() => a.unwrap(),
                     _ = &mut rx => return,
                 };
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let handler = handler.clone();
                 let recorded = recorded.clone();
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -105,7 +110,7 @@ impl MockUpstream {
                 });
             }
         });
-        Self { addr, requests, _shutdown: tx }
+        Self { addr, requests, connections, _shutdown: tx }
     }
 
     /// A mock that echoes the request body with status 200.

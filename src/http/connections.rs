@@ -1,0 +1,332 @@
+//! The upstream connections of one server: connect (TCP, TLS, ALPN), keep idle HTTP/1.1
+//! connections for reuse, share one HTTP/2 connection, and take an HTTP/1.1 connection
+//! back when its response has been read to the end.
+//!
+//! Every connection thread has a pool of its own, so a check-out is an uncontended lock
+//! and a `Vec::pop`, and a connection comes back from the response body's last frame
+//! instead of from a task spawned per request (what hyper-util's pooled client does).
+
+use std::error::Error as StdError;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri, Version, header};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tower::ServiceExt;
+
+use super::body::ProxyBody;
+
+/// Why a request could not be exchanged with the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// No connection could be made (TCP connect, its timeout, TLS).
+    #[error("cannot connect")]
+    Connect(#[source] Box<dyn StdError + Send + Sync>),
+    /// The connection was made but the HTTP exchange failed.
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
+/// Connections to one upstream, owned by one server.
+pub struct ConnectionPool {
+    connector: HttpsConnector<HttpConnector>,
+    /// `scheme://authority/`, what the connector dials.
+    origin: Uri,
+    scheme: Scheme,
+    authority: Authority,
+    /// The `Host` header HTTP/1.1 requests carry (no port when it is the scheme's default).
+    host: HeaderValue,
+    /// Idle HTTP/1.1 connections, most recently used last.
+    idle: Mutex<Vec<IdleConnection>>,
+    /// The HTTP/2 connection, when the upstream negotiated `h2`; streams share it.
+    shared: Mutex<Option<http2::SendRequest<ProxyBody>>>,
+    idle_timeout: Duration,
+    max_idle: usize,
+}
+
+struct IdleConnection {
+    sender: http1::SendRequest<ProxyBody>,
+    since: Instant,
+}
+
+/// A connection checked out for one request.
+enum Checkout {
+    Http1 { sender: http1::SendRequest<ProxyBody>, reused: bool },
+    Http2 { sender: http2::SendRequest<ProxyBody>, reused: bool },
+}
+
+impl ConnectionPool {
+    /// A pool dialing `scheme://authority` through `connector`; idle HTTP/1.1 connections
+    /// are kept for `idle_timeout`, at most `max_idle` of them.
+    pub fn new(
+        connector: HttpsConnector<HttpConnector>,
+        scheme: Scheme,
+        authority: Authority,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) -> Result<Self, http::Error> {
+        let origin = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()?;
+        let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };
+        let host = match authority.port_u16() {
+            Some(port) if port != default_port => HeaderValue::from_str(authority.as_str())?,
+            _ => HeaderValue::from_str(authority.host())?,
+        };
+        Ok(Self {
+            connector,
+            origin,
+            scheme,
+            authority,
+            host,
+            idle: Mutex::new(Vec::new()),
+            shared: Mutex::new(None),
+            idle_timeout,
+            max_idle,
+        })
+    }
+
+    /// Sends `request`, whose URI is in origin form (`/path?query`), and waits for the
+    /// response head. A request that a reused connection closed before it was written
+    /// is sent again on a new connection.
+    pub async fn send(
+        self: &Arc<Self>,
+        mut request: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        loop {
+            let (result, reused) = match self.checkout().await? {
+                Checkout::Http1 { mut sender, reused } => {
+                    *request.version_mut() = Version::HTTP_11;
+                    request.headers_mut().insert(header::HOST, self.host.clone());
+                    let sent = sender.try_send_request(request).await;
+                    let pool = Arc::clone(self);
+                    let result = sent.map(|response| {
+                        response.map(|body| UpstreamBody::new(body, Some((pool, sender))))
+                    });
+                    (result, reused)
+                }
+                Checkout::Http2 { mut sender, reused } => {
+                    *request.version_mut() = Version::HTTP_2;
+                    *request.uri_mut() = self.absolute(request.uri());
+                    request.headers_mut().remove(header::HOST);
+                    let sent = sender.try_send_request(request).await;
+                    if sent.is_err() {
+                        self.forget_closed_shared();
+                    }
+                    (
+                        sent.map(|response| response.map(|body| UpstreamBody::new(body, None))),
+                        reused,
+                    )
+                }
+            };
+            match result {
+                Ok(response) => return Ok(response),
+                Err(mut error) => match error.take_message() {
+                    // Not written: the connection closed while idle. Try a new one.
+                    Some(unsent) if reused => {
+                        request = unsent;
+                        if let Some(path) = request.uri().path_and_query().cloned() {
+                            *request.uri_mut() = Uri::from(path);
+                        }
+                    }
+                    _ => return Err(error.into_error().into()),
+                },
+            }
+        }
+    }
+
+    /// An idle or shared connection that is ready, or a new one.
+    async fn checkout(self: &Arc<Self>) -> Result<Checkout, SendError> {
+        let shared = lock(&self.shared).clone();
+        if let Some(mut sender) = shared {
+            if sender.ready().await.is_ok() {
+                return Ok(Checkout::Http2 { sender, reused: true });
+            }
+            self.forget_closed_shared();
+        }
+        while let Some(mut sender) = self.take_idle() {
+            // A connection comes back when its response body ends, possibly a moment
+            // before its connection task is ready for the next request.
+            if sender.is_ready() || sender.ready().await.is_ok() {
+                return Ok(Checkout::Http1 { sender, reused: true });
+            }
+        }
+        // Boxed: connecting is rare, and its state would otherwise enlarge every
+        // request's future (which is moved, byte for byte, when it is boxed).
+        Box::pin(self.connect()).await
+    }
+
+    /// The most recently used idle connection that is still open; drops expired ones.
+    fn take_idle(&self) -> Option<http1::SendRequest<ProxyBody>> {
+        let mut idle = lock(&self.idle);
+        let now = Instant::now();
+        idle.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+        idle.pop().map(|c| c.sender)
+    }
+
+    /// Keeps `sender` for the next request, unless the pool is full or it is closed.
+    fn put(&self, sender: http1::SendRequest<ProxyBody>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < self.max_idle {
+            idle.push(IdleConnection { sender, since: Instant::now() });
+        }
+    }
+
+    /// Drops the shared HTTP/2 connection once it has closed.
+    fn forget_closed_shared(&self) {
+        let mut shared = lock(&self.shared);
+        if shared.as_ref().is_some_and(http2::SendRequest::is_closed) {
+            *shared = None;
+        }
+    }
+
+    async fn connect(self: &Arc<Self>) -> Result<Checkout, SendError> {
+        let io = self
+            .connector
+            .clone()
+            .oneshot(self.origin.clone())
+            .await
+            .map_err(SendError::Connect)?;
+        if io.connected().is_negotiated_h2() {
+            let (mut sender, connection) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .handshake(io)
+                .await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            sender.ready().await?;
+            *lock(&self.shared) = Some(sender.clone());
+            Ok(Checkout::Http2 { sender, reused: false })
+        } else {
+            let (mut sender, connection) = http1::Builder::new().handshake(io).await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            });
+            sender.ready().await?;
+            Ok(Checkout::Http1 { sender, reused: false })
+        }
+    }
+
+    /// `uri` (origin form) as an absolute URI on the upstream, as HTTP/2 needs it.
+    fn absolute(&self, uri: &Uri) -> Uri {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query =
+            Some(uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
+        Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded values stay consistent even if a holder panicked.
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// An upstream response body; at its end, its HTTP/1.1 connection goes back to the pool.
+/// Dropped before its end, it takes the connection with it, which closes it.
+pub struct UpstreamBody {
+    body: Incoming,
+    release: Option<(Arc<ConnectionPool>, http1::SendRequest<ProxyBody>)>,
+}
+
+impl UpstreamBody {
+    fn new(
+        body: Incoming,
+        release: Option<(Arc<ConnectionPool>, http1::SendRequest<ProxyBody>)>,
+    ) -> Self {
+        Self { body, release }
+    }
+
+    fn release(&mut self) {
+        if let Some((pool, sender)) = self.release.take() {
+            pool.put(sender);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.release(),
+            Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.release(),
+            Poll::Ready(Some(Err(_))) => self.release = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // An empty body (HEAD, 204, 304) may be dropped without ever being polled.
+        if self.body.is_end_stream() {
+            self.release();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::UpstreamConfig;
+
+    fn pool(scheme: Scheme, authority: &str) -> ConnectionPool {
+        let connector = crate::client::https_connector(&UpstreamConfig::default()).unwrap();
+        ConnectionPool::new(connector, scheme, authority.parse().unwrap(), Duration::ZERO, 1)
+            .unwrap()
+    }
+
+    #[test]
+    fn host_omits_only_the_schemes_default_port() {
+        assert_eq!(pool(Scheme::HTTPS, "api.openai.com").host, "api.openai.com");
+        assert_eq!(pool(Scheme::HTTPS, "api.openai.com:443").host, "api.openai.com");
+        assert_eq!(pool(Scheme::HTTP, "localhost:80").host, "localhost");
+        assert_eq!(pool(Scheme::HTTP, "localhost:11434").host, "localhost:11434");
+        assert_eq!(pool(Scheme::HTTPS, "gw.example:8443").host, "gw.example:8443");
+    }
+
+    #[test]
+    fn http2_requests_carry_the_absolute_uri() {
+        let p = pool(Scheme::HTTPS, "openrouter.ai");
+        let origin = Uri::from_static("/api/v1/chat/completions?a=1");
+        assert_eq!(
+            p.absolute(&origin).to_string(),
+            "https://openrouter.ai/api/v1/chat/completions?a=1"
+        );
+    }
+}
