@@ -28,18 +28,6 @@ pub struct Usage {
     pub cached: u64,
 }
 
-/// The parts of an answer (or of a Responses API event's `response`) that carry usage;
-/// every other field is skipped without being built.
-#[derive(Deserialize)]
-struct Answer<'a> {
-    #[serde(default)]
-    usage: Option<UsageFields>,
-    #[serde(default, borrow)]
-    model: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    response: Option<Box<Answer<'a>>>,
-}
-
 /// An OpenAI `usage` object: chat completions name the counts prompt/completion, the
 /// Responses API input/output.
 #[derive(Deserialize)]
@@ -177,10 +165,118 @@ fn mentions_usage(line: &[u8]) -> bool {
 /// The usage in a JSON answer (top-level, or under `response` in Responses API events)
 /// and the normalised model that answered.
 fn usage_in(json: &[u8]) -> Option<(Usage, &'static str)> {
-    let answer: Answer<'_> = serde_json::from_slice(json).ok()?;
-    let holder = if answer.usage.is_some() { answer } else { *answer.response? };
-    let model = holder.model.as_deref().map_or("other", model_label);
-    Some((holder.usage?.into(), model))
+    let top = Members::of(json)?;
+    let holder = if top.usage.is_some() { top } else { Members::of(top.response?)? };
+    let usage: UsageFields = serde_json::from_slice(holder.usage?).ok()?;
+    let model = holder.model.and_then(|raw| serde_json::from_slice::<Cow<'_, str>>(raw).ok());
+    Some((usage.into(), model.as_deref().map_or("other", model_label)))
+}
+
+/// The raw values of a JSON object's `usage`, `model` and `response` members, found
+/// without parsing the others: an answer's text is skipped with `memchr`, not read
+/// character by character. Nested members of the same names are not taken; a `null`
+/// counts as absent.
+#[derive(Default)]
+struct Members<'a> {
+    usage: Option<&'a [u8]>,
+    model: Option<&'a [u8]>,
+    response: Option<&'a [u8]>,
+}
+
+impl<'a> Members<'a> {
+    /// `None` when `json` is not an object (or is malformed before its end).
+    fn of(json: &'a [u8]) -> Option<Self> {
+        let mut members = Self::default();
+        let mut i = skip_space(json, 0);
+        if json.get(i) != Some(&b'{') {
+            return None;
+        }
+        i = skip_space(json, i + 1);
+        if json.get(i) == Some(&b'}') {
+            return Some(members);
+        }
+        loop {
+            if json.get(i) != Some(&b'"') {
+                return None;
+            }
+            let key_end = string_end(json, i)?;
+            let key = &json[i + 1..key_end - 1];
+            i = skip_space(json, key_end);
+            if json.get(i) != Some(&b':') {
+                return None;
+            }
+            i = skip_space(json, i + 1);
+            let value_end = value_end(json, i)?;
+            let value = Some(&json[i..value_end]).filter(|v| *v != b"null");
+            match key {
+                b"usage" => members.usage = value,
+                b"model" => members.model = value,
+                b"response" => members.response = value,
+                _ => {}
+            }
+            i = skip_space(json, value_end);
+            match json.get(i)? {
+                b',' => i = skip_space(json, i + 1),
+                b'}' => return Some(members),
+                _ => return None,
+            }
+        }
+    }
+}
+
+fn skip_space(json: &[u8], from: usize) -> usize {
+    from + json
+        .get(from..)
+        .map_or(0, |rest| rest.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(rest.len()))
+}
+
+/// The end (one past the closing quote) of the string whose opening quote is at `start`.
+fn string_end(json: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    loop {
+        i += memchr::memchr2(b'"', b'\\', json.get(i..)?)?;
+        if json[i] == b'\\' {
+            i += 2;
+        } else {
+            return Some(i + 1);
+        }
+    }
+}
+
+/// The end of the JSON value starting at `start`.
+fn value_end(json: &[u8], start: usize) -> Option<usize> {
+    match json.get(start)? {
+        b'"' => string_end(json, start),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = start;
+            loop {
+                match json.get(i)? {
+                    b'"' => {
+                        i = string_end(json, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            let rest = &json[start..];
+            let len = rest
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace())
+                .unwrap_or(rest.len());
+            (len > 0).then_some(start + len)
+        }
+    }
 }
 
 impl BodyObserver for UsageTap {
@@ -330,5 +426,39 @@ mod tests {
         assert!(text.contains(&line("prompt", 30)), "{text}");
         assert!(text.contains(&line("completion", 4)));
         assert!(text.contains(&line("cached", 10)));
+    }
+
+    #[test]
+    fn finds_top_level_usage_and_model_and_skips_everything_else() {
+        let usage = r#"{"prompt_tokens":11,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":5}}"#;
+        // Decoys: nested members of the same names, quotes, braces and backslashes
+        // inside strings, numbers, literals, whitespace everywhere.
+        let answer = format!(
+            r#" {{ "id" : "c\"}}{{[", "choices": [{{"message": {{"content": "say \"usage\": {{}} \\", "usage": 1}},
+                "logprobs": null, "n": [1.5e3, -2, true, false]}}], "x_groq": {{"usage": {{"prompt_tokens": 99}}}},
+                "model" : "gpt-4o-2024-08-06", "usage" : {usage} }} "#
+        );
+        let (found, model) = usage_in(answer.as_bytes()).unwrap();
+        assert_eq!(found, Usage { prompt: 11, completion: 2, cached: 5 });
+        assert_eq!(model, model_label("gpt-4o-2024-08-06"));
+        // The Responses API puts both under `response`; a null usage counts as absent.
+        let event = format!(
+            r#"{{"type":"response.completed","usage":null,"response":{{"model":"o3","usage":{usage}}}}}"#
+        );
+        assert_eq!(usage_in(event.as_bytes()).unwrap().0.prompt, 11);
+        let unnamed = format!(r#"{{"usage":{usage}}}"#);
+        assert_eq!(usage_in(unnamed.as_bytes()).unwrap().1, "other");
+        for no_usage in [
+            "",
+            "[]",
+            "{}",
+            r#"{"choices":[{"usage":{"prompt_tokens":1}}]}"#,
+            r#"{"usage":{"prompt_tokens":1}"#,
+            r#"{"a":"unterminated}"#,
+            r#"{"a" 1}"#,
+            r#"{"usage":"#,
+        ] {
+            assert!(usage_in(no_usage.as_bytes()).is_none(), "{no_usage}");
+        }
     }
 }
