@@ -285,3 +285,22 @@ async fn a_pooled_connection_the_upstream_closed_is_replaced_without_an_error() 
     }
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
+
+#[tokio::test]
+async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mock = MockUpstream::echo().await;
+    let mut config = config_for(&mock.url());
+    config.upstream.pool_idle_timeout = Duration::from_millis(300);
+    let proxy = Proxy::start(config).await;
+    assert_eq!(send(post(&proxy.url("/v1/embeddings"), "{}")).await.0, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!((mock.connections.load(SeqCst), mock.closed.load(SeqCst)), (1, 0), "kept idle");
+    // Closed by the next once-a-second sweep after the timeout.
+    let waited = std::time::Instant::now();
+    while mock.closed.load(SeqCst) == 0 && waited.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(mock.closed.load(SeqCst), 1, "idle connection closed");
+    assert!(waited.elapsed() < Duration::from_millis(1500), "{:?}", waited.elapsed());
+}

@@ -116,7 +116,7 @@ pub struct UpstreamConfig {
     /// How long an idle pooled connection is kept.
     #[serde(with = "humantime_serde")]
     pub pool_idle_timeout: Duration,
-    /// Maximum idle pooled connections kept per upstream host.
+    /// Maximum idle HTTP/1.1 connections kept, per connection thread.
     pub pool_max_idle_per_host: usize,
     /// Trusted roots for TLS: `webpki` (bundled Mozilla roots) or `system`.
     pub tls_roots: TlsRoots,

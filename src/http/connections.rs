@@ -167,12 +167,24 @@ impl ConnectionPool {
         Box::pin(self.connect()).await
     }
 
-    /// The most recently used idle connection that is still open; drops expired ones.
+    /// The most recently used idle connection that is still open and not expired.
     fn take_idle(&self) -> Option<http1::SendRequest<ProxyBody>> {
         let mut idle = lock(&self.idle);
         let now = Instant::now();
-        idle.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
-        idle.pop().map(|c| c.sender)
+        while let Some(c) = idle.pop() {
+            if !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout {
+                return Some(c.sender);
+            }
+        }
+        None
+    }
+
+    /// Drops idle connections that are closed or older than the idle timeout (dropping
+    /// the sender ends the connection). The owning server calls this every second.
+    pub fn close_expired(&self) {
+        let now = Instant::now();
+        lock(&self.idle)
+            .retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
     }
 
     /// Keeps `sender` for the next request, unless the pool is full or it is closed.
@@ -328,5 +340,125 @@ mod tests {
             p.absolute(&origin).to_string(),
             "https://openrouter.ai/api/v1/chat/completions?a=1"
         );
+    }
+
+    /// What the HTTP/2 upstream saw of one request.
+    #[derive(Debug)]
+    struct Seen {
+        version: Version,
+        authority: Option<String>,
+        host: Option<HeaderValue>,
+        path: String,
+    }
+
+    /// A TLS upstream on 127.0.0.1 that offers only `h2` by ALPN and echoes request
+    /// bodies, with a certificate for `localhost`, and a connector that trusts it.
+    async fn h2_upstream() -> (
+        u16,
+        HttpsConnector<HttpConnector>,
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<Mutex<Vec<Seen>>>,
+    ) {
+        use http_body_util::BodyExt;
+        use hyper_util::rt::TokioIo;
+        use rustls::pki_types::PrivateKeyDer;
+
+        let rcgen::CertifiedKey { cert, key_pair } =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let key = PrivateKeyDer::Pkcs8(key_pair.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .unwrap();
+        server.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (count, record) = (accepted.clone(), seen.clone());
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (acceptor, record) = (acceptor.clone(), record.clone());
+                tokio::spawn(async move {
+                    let tls = acceptor.accept(tcp).await.unwrap();
+                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                        let record = record.clone();
+                        async move {
+                            lock(&record).push(Seen {
+                                version: request.version(),
+                                authority: request.uri().authority().map(ToString::to_string),
+                                host: request.headers().get(header::HOST).cloned(),
+                                path: request.uri().path_and_query().unwrap().to_string(),
+                            });
+                            let body = request.into_body().collect().await?.to_bytes();
+                            Ok::<_, hyper::Error>(Response::new(http_body_util::Full::new(body)))
+                        }
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(client)
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http);
+        (port, connector, accepted, seen)
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_negotiates_h2_gets_every_request_on_one_connection() {
+        use http_body_util::BodyExt;
+
+        let (port, connector, accepted, seen) = h2_upstream().await;
+        let authority: Authority = format!("localhost:{port}").parse().unwrap();
+        let pool = Arc::new(
+            ConnectionPool::new(connector, Scheme::HTTPS, authority, Duration::from_secs(90), 8)
+                .unwrap(),
+        );
+        let exchange = |i: usize| {
+            let pool = pool.clone();
+            async move {
+                let request = Request::post(format!("/v1/chat/completions?n={i}"))
+                    .header(header::HOST, "foldgate.local")
+                    .body(crate::http::body::full(format!("body {i}")))
+                    .unwrap();
+                let response = pool.send(request).await.unwrap();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                assert_eq!(body, format!("body {i}"));
+            }
+        };
+        for i in 0..3 {
+            exchange(i).await;
+        }
+        futures_util::future::join_all((3..8).map(exchange)).await;
+
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "one shared connection");
+        let seen = lock(&seen);
+        assert_eq!(seen.len(), 8);
+        for s in seen.iter() {
+            assert_eq!(s.version, Version::HTTP_2);
+            assert_eq!(s.authority.as_deref(), Some(format!("localhost:{port}").as_str()));
+            assert_eq!(s.host, None, "HTTP/2 carries :authority, not Host");
+            assert!(s.path.starts_with("/v1/chat/completions?n="), "{}", s.path);
+        }
     }
 }

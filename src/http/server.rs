@@ -173,7 +173,7 @@ impl Server {
             tokio::spawn(serve_metrics(listener, path, self.state.metrics.clone()))
         });
         let sweeper = self.housekeeping.then(|| tokio::spawn(sweep_sessions(self.state.clone())));
-        let pacer = tokio::spawn(pace_timers());
+        let pacer = tokio::spawn(pace_timers(self.state.clone()));
         let graceful = GracefulShutdown::new();
         // Connection tasks live here so that those still open after the grace period
         // are aborted even when the runtime outlives `run` (embedding, tests).
@@ -254,16 +254,18 @@ async fn serve_metrics(listener: TcpListener, path: String, metrics: Arc<Metrics
     }
 }
 
-/// Keeps a timer due within the next second. Every request arms timers far ahead (the
-/// header-read timeout, the first-byte timeout); when such a timer is the earliest one,
-/// arming it must interrupt the event loop's wait (an `eventfd` write and one more
-/// `epoll_wait` round per request). With this tick pending that never happens, for the
-/// price of one wake-up per second.
-async fn pace_timers() {
+/// Keeps a timer due within the next second, and closes upstream connections that have
+/// been idle longer than `upstream.pool_idle_timeout`. Every request arms timers far
+/// ahead (the header-read timeout, the first-byte timeout); when such a timer is the
+/// earliest one, arming it must interrupt the event loop's wait (an `eventfd` write and
+/// one more `epoll_wait` round per request). With this tick pending that never happens,
+/// for the price of one wake-up per second.
+async fn pace_timers(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        state.upstream.close_expired();
     }
 }
 

@@ -82,6 +82,11 @@ impl Upstream {
         Ok(Uri::from(path_and_query))
     }
 
+    /// Closes idle connections older than `upstream.pool_idle_timeout`.
+    pub fn close_expired(&self) {
+        self.pool.close_expired();
+    }
+
     /// Sends `request` and waits for the response headers within the first-byte timeout.
     pub async fn send(
         &self,

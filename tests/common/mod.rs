@@ -66,6 +66,8 @@ pub struct MockUpstream {
     pub requests: Arc<Mutex<Vec<Recorded>>>,
     /// Connections accepted so far.
     pub connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// Connections that have ended so far.
+    pub closed: Arc<std::sync::atomic::AtomicUsize>,
     _shutdown: oneshot::Sender<()>,
 }
 
@@ -78,6 +80,8 @@ impl MockUpstream {
         let recorded = requests.clone();
         let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let accepted = connections.clone();
+        let closed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ended = closed.clone();
         tokio::spawn(async move {
             loop {
                 let (stream, _) = tokio::select! {
@@ -103,14 +107,16 @@ impl MockUpstream {
                         Ok::<_, Infallible>(handler(rec).await)
                     }
                 });
+                let ended = ended.clone();
                 tokio::spawn(async move {
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
+                    ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 });
             }
         });
-        Self { addr, requests, connections, _shutdown: tx }
+        Self { addr, requests, connections, closed, _shutdown: tx }
     }
 
     /// A mock that echoes the request body with status 200.

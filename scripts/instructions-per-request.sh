@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied 2 KB chat request, foldgate and nginx side by side,
+# counted by valgrind's callgrind: unlike timings, the counts hardly move between runs or
+# with other load on the machine, so a change's effect on the work per request shows
+# even when the latency bench cannot resolve it.
+#
+# Each proxy runs alone under callgrind (foldgate with one connection thread, nginx with
+# one worker and no master), in front of the same Python mock upstream (1.2 KB
+# chat.completion with usage). Sequential keep-alive requests warm it up, the counters
+# are zeroed, N more requests are counted. Prints instructions per request and the
+# ratio foldgate / nginx; `FOLDGATE_PROFILE=1` also keeps foldgate's callgrind file
+# (open with callgrind_annotate --inclusive=yes).
+#
+# Usage: scripts/instructions-per-request.sh [N]   (default 2000)
+# Needs valgrind, nginx and python3 (apt-get install -y valgrind nginx python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-2000}
+for tool in valgrind callgrind_control callgrind_annotate python3; do
+    command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install -y valgrind python3)" >&2; exit 1; }
+done
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+[ -x "$NGINX" ] || { echo "nginx is missing (apt-get install -y nginx)" >&2; exit 1; }
+
+cargo build --release --quiet
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+MOCK_PORT=$(free_port); FG_PORT=$(free_port); NG_PORT=$(free_port)
+
+cat >"$work/mock.py" <<'EOF'
+import asyncio, sys
+BODY = ('{"id":"chatcmpl-x","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,'
+        '"message":{"role":"assistant","content":"' + 'a' * 1050 + '"},"finish_reason":"stop"}],'
+        '"usage":{"prompt_tokens":500,"completion_tokens":20,"total_tokens":520}}').encode()
+RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY) + BODY
+async def handle(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            if length:
+                await reader.readexactly(length)
+            writer.write(RESPONSE)
+    except Exception:
+        writer.close()
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
+EOF
+cat >"$work/load.py" <<'EOF'
+import http.client, json, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+body = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x" * 1950}]}).encode()
+connection = http.client.HTTPConnection("127.0.0.1", port)
+for _ in range(n):
+    connection.request("POST", "/v1/chat/completions", body=body,
+                       headers={"content-type": "application/json", "authorization": "Bearer sk-test"})
+    response = connection.getresponse()
+    response.read()
+    assert response.status == 200, response.status
+EOF
+cat >"$work/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $work/nginx.pid; error_log $work/nginx.err;
+events { worker_connections 1024; }
+http { access_log off; client_body_temp_path $work; proxy_temp_path $work;
+  upstream up { server 127.0.0.1:$MOCK_PORT; keepalive 64; }
+  server { listen 127.0.0.1:$NG_PORT; keepalive_requests 1000000;
+    location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection "";
+                 proxy_request_buffering off; proxy_buffering off; } } }
+EOF
+
+python3 "$work/mock.py" "$MOCK_PORT" & pids+=($!)
+
+wait_port() {
+    for _ in $(seq 100); do
+        python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0
+        sleep 0.2
+    done
+    echo "nothing listens on $1" >&2; exit 1
+}
+
+# count NAME PORT CMD...: instructions per request of CMD proxying to the mock.
+count() {
+    local name=$1 port=$2; shift 2
+    local out="$work/$name.callgrind"
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1 & local pid=$!
+    pids+=("$pid")
+    wait_port "$port"
+    python3 "$work/load.py" "$port" 300
+    callgrind_control -z "$pid" >/dev/null 2>&1
+    python3 "$work/load.py" "$port" "$N"
+    callgrind_control -d "$pid" >/dev/null 2>&1
+    sleep 1
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    local dump total
+    dump=$(ls -t "$out".* | head -1)
+    total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
+    [ "$name" = foldgate ] && [ "${FOLDGATE_PROFILE:-0}" = 1 ] && cp "$dump" target/foldgate.callgrind
+    echo $((total / N))
+}
+
+fg=$(FOLDGATE_SERVER__WORKERS=1 FOLDGATE_LISTEN=127.0.0.1:$FG_PORT \
+    FOLDGATE_UPSTREAM_URL=http://127.0.0.1:$MOCK_PORT/v1 FOLDGATE_LOG__LEVEL=warn \
+    FOLDGATE_COMPACTION__ENABLED=false count foldgate "$FG_PORT" target/release/foldgate serve)
+ng=$(count nginx "$NG_PORT" "$NGINX" -c "$work/nginx.conf")
+echo "user-space instructions per 2 KB request ($N sequential, callgrind):"
+echo "  foldgate $fg"
+echo "  nginx    $ng"
+python3 -c "print('  ratio foldgate / nginx %.2f' % ($fg / $ng))"
+[ "${FOLDGATE_PROFILE:-0}" = 1 ] && echo "  profile: target/foldgate.callgrind"
+exit 0
