@@ -20,7 +20,9 @@
 //! Run with `cargo bench --bench proxy_latency` (or `scripts/bench-proxy.sh`, which
 //! installs nginx when missing). Writes `docs/PERFORMANCE.md` unless `PROXYBENCH_DOC=0`.
 //! Knobs (environment): `PROXYBENCH_RATE`, `PROXYBENCH_WARMUP_SECS`,
-//! `PROXYBENCH_MEASURE_SECS`, `PROXYBENCH_ROUNDS`, `PROXYBENCH_NGINX_WORKERS`,
+//! `PROXYBENCH_MEASURE_SECS`, `PROXYBENCH_ROUNDS` (default 32, about 10 minutes: with 16,
+//! nginx's own added 2 KB p99 ranged from 0.07 to 0.27 ms between runs minutes apart,
+//! too wide for a 1.3× verdict), `PROXYBENCH_NGINX_WORKERS`,
 //! `PROXYBENCH_NGINX`, `PROXYBENCH_FOLDGATE_BIN`; `TOKIO_WORKER_THREADS` reaches foldgate.
 
 use std::fmt::Write as _;
@@ -81,7 +83,7 @@ impl Settings {
             rate: var("PROXYBENCH_RATE", 500),
             warmup: Duration::from_secs_f64(var("PROXYBENCH_WARMUP_SECS", 2.0)),
             measure: Duration::from_secs_f64(var("PROXYBENCH_MEASURE_SECS", 2.0)),
-            rounds: var("PROXYBENCH_ROUNDS", 16usize).max(1),
+            rounds: var("PROXYBENCH_ROUNDS", 32usize).max(1),
             nginx_workers: var("PROXYBENCH_NGINX_WORKERS", "auto".to_owned()),
             write_doc: var("PROXYBENCH_DOC", 1u8) != 0,
         }
