@@ -39,10 +39,8 @@ pub enum SendError {
 /// Connections to one upstream, owned by one server.
 pub struct ConnectionPool {
     connector: HttpsConnector<HttpConnector>,
-    /// `scheme://authority/`, what the connector dials.
+    /// `scheme://authority/`, what the connector dials and what HTTP/2 URIs are built on.
     origin: Uri,
-    scheme: Scheme,
-    authority: Authority,
     /// The `Host` header HTTP/1.1 requests carry (no port when it is the scheme's default).
     host: HeaderValue,
     /// Idle HTTP/1.1 connections, most recently used last.
@@ -56,6 +54,13 @@ pub struct ConnectionPool {
 struct IdleConnection {
     sender: http1::SendRequest<ProxyBody>,
     since: Instant,
+}
+
+impl IdleConnection {
+    /// Still open, and idle for less than `timeout` at `now`.
+    fn usable(&self, now: Instant, timeout: Duration) -> bool {
+        !self.sender.is_closed() && now.duration_since(self.since) < timeout
+    }
 }
 
 /// A connection checked out for one request.
@@ -87,8 +92,6 @@ impl ConnectionPool {
         Ok(Self {
             connector,
             origin,
-            scheme,
-            authority,
             host,
             idle: Mutex::new(Vec::new()),
             shared: Mutex::new(None),
@@ -172,7 +175,7 @@ impl ConnectionPool {
         let mut idle = lock(&self.idle);
         let now = Instant::now();
         while let Some(c) = idle.pop() {
-            if !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout {
+            if c.usable(now, self.idle_timeout) {
                 return Some(c.sender);
             }
         }
@@ -183,8 +186,7 @@ impl ConnectionPool {
     /// the sender ends the connection). The owning server calls this every second.
     pub fn close_expired(&self) {
         let now = Instant::now();
-        lock(&self.idle)
-            .retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+        lock(&self.idle).retain(|c| c.usable(now, self.idle_timeout));
     }
 
     /// Keeps `sender` for the next request, unless the pool is full or it is closed.
@@ -241,8 +243,8 @@ impl ConnectionPool {
     /// `uri` (origin form) as an absolute URI on the upstream, as HTTP/2 needs it.
     fn absolute(&self, uri: &Uri) -> Uri {
         let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone());
+        parts.scheme = self.origin.scheme().cloned();
+        parts.authority = self.origin.authority().cloned();
         parts.path_and_query =
             Some(uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
         Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
