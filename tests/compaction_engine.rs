@@ -184,8 +184,15 @@ fn resent_conversation_tokenizes_only_the_new_message() {
 
 #[test]
 fn force_compacts_below_the_trigger() {
-    let engine = Engine::new(CompactionConfig { keep_last_tool_groups: 2, ..Default::default() });
-    let b = body(&live_turn(12, 300));
+    let engine = Engine::new(CompactionConfig {
+        keep_last_tool_groups: 2,
+        keep_last_turns: 1,
+        ..Default::default()
+    });
+    // A finished turn of work, then the current turn, which fits and stays intact.
+    let mut msgs = live_turn(12, 300);
+    msgs.push(json!({"role": "user", "content": "Now update the changelog."}));
+    let b = body(&msgs);
     let plain =
         run(&engine, &b, &mut SessionState::default(), &ExtractiveSummarizer, &Options::default());
     assert!(matches!(plain, Outcome::Unchanged { .. }));

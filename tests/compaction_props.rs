@@ -217,7 +217,7 @@ fn conversation() -> impl Strategy<Value = (bool, Vec<Turn>)> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// Guarantees (1)-(4) and (5) on every request of a replayed conversation, with
+    /// Guarantees (1)-(5) and (6) on every request of a replayed conversation, with
     /// blocks carried from request to request.
     #[test]
     fn guarantees_hold_across_a_session((system, turns) in conversation(), window in 1500usize..12000) {
@@ -240,7 +240,7 @@ proptest! {
                     .collect();
                 prop_assert!(false, "request {upto}: {violations:?}\n{report:?}\n{shape:?}");
             }
-            // (5) below the trigger, without stored blocks, nothing changes.
+            // (6) below the trigger, without stored blocks, nothing changes.
             let exact = engine.count_prompt(&req, &report.budget, &mut state.token_cache);
             if exact <= report.budget.trigger && !had_blocks {
                 prop_assert!(matches!(out, Outcome::Unchanged { .. }), "request {upto} changed below the trigger");
@@ -255,7 +255,7 @@ proptest! {
         }
     }
 
-    /// (6) Same input and same blocks give the same output, byte for byte.
+    /// (7) Same input and same blocks give the same output, byte for byte.
     #[test]
     fn deterministic((system, turns) in conversation(), window in 1500usize..8000, at in any::<Index>()) {
         let msgs = build(system, &turns);
@@ -280,7 +280,7 @@ proptest! {
         prop_assert_eq!(a.blocks, b.blocks);
     }
 
-    /// (7) A later request reuses the stored blocks: its forwarded prefix is the earlier
+    /// (8) A later request reuses the stored blocks: its forwarded prefix is the earlier
     /// request's forwarded prefix, byte for byte.
     #[test]
     fn stored_blocks_reproduce_the_prefix((system, turns) in conversation(), window in 1500usize..8000) {

@@ -282,11 +282,12 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
         let count = |c: u8| total.violations.get(&c).copied().unwrap_or(0);
         println!(
             "checks: (1) tool calls answered: {} violations, (2) small user messages verbatim: {}, \
-             (3) pinned unchanged: {}, (4) fits window - reserve: {}",
+             (3) pinned unchanged: {}, (4) fits window - reserve: {}, (5) current turn intact: {}",
             count(1),
             count(2),
             count(3),
-            count(4)
+            count(4),
+            count(5)
         );
         println!(
             "total: {} conversations, {} requests ({} compacted), peak {} -> {} tokens, \

@@ -4,11 +4,15 @@
 //! 1. Valid: every tool/function message answers a call of the assistant message right
 //!    before its run of results, and every call is answered.
 //! 2. Every user message of at most `user_verbatim_max_tokens` tokens is present verbatim
-//!    and in order, whenever they take at most `floor_max_ratio` of the budget together
-//!    and fit beside the pinned messages and the last user message.
+//!    and in order, whenever it and every such message no larger than it take at most
+//!    `floor_max_ratio` of the budget together and fit beside the pinned messages and the
+//!    last user message ([`SmallGuarantee`]).
 //! 3. Pinned (`system`/`developer`) messages are unchanged and in order.
 //! 4. The forwarded prompt fits `window - reserve` whenever the pinned messages and the
 //!    last user message fit.
+//! 5. The current turn (the messages from the last user message on) is forwarded intact,
+//!    at the end, whenever it fits beside the pinned messages, the tool definitions and
+//!    the small user messages that (2) guarantees.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,13 +27,13 @@ use crate::model::{ChatRequest, Message, Role, call_parts};
 /// One broken guarantee.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
-    /// Which guarantee (1 to 4).
+    /// Which guarantee (1 to 5).
     pub check: u8,
     /// What is wrong.
     pub detail: String,
 }
 
-/// Checks guarantees 1-4 of `forwarded` against `original`.
+/// Checks guarantees 1-5 of `forwarded` against `original`.
 pub fn verify(
     original: &ChatRequest,
     forwarded: &ChatRequest,
@@ -53,24 +57,27 @@ pub fn verify(
     let pinned_tokens: usize = pinned.iter().map(|m| counter.message(m)).sum();
     let last_user = orig.iter().rposition(|m| m.role() == Role::User && !m.is_digest());
     let last_user_tokens = last_user.map_or(0, |i| counter.message(&orig[i]));
-    let small: Vec<(usize, &Arc<Message>)> = orig
+    let small: Vec<(usize, &Arc<Message>, usize)> = orig
         .iter()
         .enumerate()
         .filter(|(_, m)| m.role() == Role::User && !m.is_digest())
-        .filter(|(_, m)| counter.message(m) <= cfg.user_verbatim_max_tokens)
+        .map(|(i, m)| (i, m, counter.message(m)))
+        .filter(|(_, _, t)| *t <= cfg.user_verbatim_max_tokens)
         .collect();
-    let small_tokens: usize =
-        small.iter().filter(|(i, _)| Some(*i) != last_user).map(|(_, m)| counter.message(m)).sum();
     let essentials = fixed + pinned_tokens + last_user_tokens;
-
-    if small_tokens <= budget.floor && essentials + small_tokens <= budget.budget {
-        let wanted: Vec<&Arc<Message>> = small.iter().map(|(_, m)| *m).collect();
-        if let Some(missing) = first_missing_subsequence(&wanted, fwd) {
-            out.push(Violation {
-                check: 2,
-                detail: format!("user message {missing} not kept verbatim in order"),
-            });
-        }
+    let sizes = small.iter().filter(|(i, _, _)| Some(*i) != last_user).map(|(_, _, t)| *t);
+    let room = budget.budget.saturating_sub(essentials);
+    let guaranteed = SmallGuarantee::of(sizes, budget.floor, room);
+    let wanted: Vec<&Arc<Message>> = small
+        .iter()
+        .filter(|(i, _, t)| Some(*i) == last_user || guaranteed.covers(*t))
+        .map(|(_, m, _)| *m)
+        .collect();
+    if let Some(missing) = first_missing_subsequence(&wanted, fwd) {
+        out.push(Violation {
+            check: 2,
+            detail: format!("user message {missing} not kept verbatim in order"),
+        });
     }
 
     let fwd_pinned: Vec<&Arc<Message>> = fwd.iter().filter(|m| m.role().is_pinned()).collect();
@@ -83,6 +90,30 @@ pub fn verify(
         });
     }
 
+    if let Some(start) = last_user {
+        let turn = &orig[start..];
+        // Pinned messages inside the turn are counted once, with the turn.
+        let pinned_before: usize =
+            orig[..start].iter().filter(|m| m.role().is_pinned()).map(|m| counter.message(m)).sum();
+        let turn_tokens: usize = turn.iter().map(|m| counter.message(m)).sum();
+        if fixed + pinned_before + guaranteed.tokens + turn_tokens <= budget.budget {
+            let intact = fwd.len() >= turn.len()
+                && fwd[fwd.len() - turn.len()..]
+                    .iter()
+                    .zip(turn)
+                    .all(|(a, b)| a.hash() == b.hash() && a.raw() == b.raw());
+            if !intact {
+                out.push(Violation {
+                    check: 5,
+                    detail: format!(
+                        "the current turn ({} messages, {turn_tokens} tokens) was altered",
+                        turn.len()
+                    ),
+                });
+            }
+        }
+    }
+
     if essentials <= budget.budget {
         let after = fixed + fwd.iter().map(|m| counter.message(m)).sum::<usize>();
         if after > budget.budget {
@@ -93,6 +124,48 @@ pub fn verify(
         }
     }
     out
+}
+
+/// Which small user messages guarantee (2) covers: the smallest ones first, as many as
+/// take at most the floor together and fit the room left beside the essentials. A
+/// message is covered when every small user message no larger than it fits with it, so
+/// a few large pastes that pass the floor never take the guarantee from short messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SmallGuarantee {
+    /// Messages up to this many tokens are covered (`None`: none is).
+    pub max_tokens: Option<usize>,
+    /// Tokens of the covered messages together.
+    pub tokens: usize,
+}
+
+impl SmallGuarantee {
+    /// The guarantee over small user messages of `sizes` tokens (the last user message
+    /// excluded), under `floor` and within `room`.
+    pub fn of(sizes: impl Iterator<Item = usize>, floor: usize, room: usize) -> Self {
+        let mut sizes: Vec<usize> = sizes.collect();
+        sizes.sort_unstable();
+        let cap = floor.min(room);
+        let mut out = Self::default();
+        let mut sum = 0;
+        let mut i = 0;
+        while i < sizes.len() {
+            let size = sizes[i];
+            while i < sizes.len() && sizes[i] == size {
+                sum += size;
+                i += 1;
+            }
+            if sum > cap {
+                break;
+            }
+            out = Self { max_tokens: Some(size), tokens: sum };
+        }
+        out
+    }
+
+    /// True when a small user message of `tokens` tokens is covered.
+    pub fn covers(&self, tokens: usize) -> bool {
+        self.max_tokens.is_some_and(|max| tokens <= max)
+    }
 }
 
 /// The first message of `wanted` (by index in `wanted`) that is not found, in order and

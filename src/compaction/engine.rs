@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::CompactionError;
-use super::blocks::{SessionState, continues, retain_matching};
+use super::blocks::{FoldBlock, SessionState, continues, retain_matching};
 use super::budget::{Budget, Options};
 use super::fold::{FoldRules, Region, fold_after};
 use super::keep::Keep;
@@ -124,11 +124,24 @@ impl Engine {
         let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
         report.tokens_before = fixed + tokens.iter().sum::<usize>();
         let keep = Keep::new(msgs, cfg);
+        // The current turn, when it fits, is forwarded intact: no stored block, prefetched
+        // block, fold or fallback may reach into it.
+        let protect = keep.protected_turn(msgs, &tokens, fixed, &budget);
+        let reach = protect.unwrap_or(msgs.len());
+        let matching = blocks.len();
+        blocks.truncate(blocks.iter().take_while(|b| b.end <= reach).count());
+        report.blocks_reused = blocks.len();
+        report.blocks_invalidated += matching - blocks.len();
         let mut plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
 
         if opts.force || plan.total() > budget.trigger {
-            // A block summarized ahead of need is applied first: no summarizer call.
-            if let Some(block) = pending.take().filter(|b| continues(b, blocks, msgs, &units)) {
+            // A block summarized ahead of need is applied first: no summarizer call. One
+            // that reaches into a protected turn waits for a later request.
+            if pending.as_ref().is_some_and(|b| !continues(b, blocks, msgs, &units)) {
+                *pending = None;
+            }
+            let usable = |b: &mut FoldBlock| b.end <= reach;
+            if let Some(block) = pending.take_if(usable) {
                 blocks.push(block);
                 plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
                 report.used_prefetched = true;
@@ -141,8 +154,9 @@ impl Engine {
                 report.tier = report.tier.max(1);
             }
             if plan.total() > budget.target {
-                let tail1 =
-                    group_tail_start(&units, tail0, cfg.keep_last_tool_groups).max(blocks_end);
+                let tail1 = group_tail_start(&units, tail0, cfg.keep_last_tool_groups)
+                    .min(reach)
+                    .max(tail0);
                 let end = self.fold_end(msgs, &tokens, &plan, blocks_end, tail0, tail1, &budget);
                 // A fold worth making recovers at least half the gap between trigger and
                 // target; smaller ones would be redone on the next request.
@@ -174,7 +188,7 @@ impl Engine {
                     small_max: cfg.user_verbatim_max_tokens,
                     min_tokens: cfg.elide_min_tokens,
                 };
-                plan.fallback(goals, &mut counter)?;
+                plan.fallback(goals, protect, &mut counter)?;
                 report.tier = 4;
             }
         }

@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use super::budget::Budget;
+use super::check::SmallGuarantee;
 use crate::config::CompactionConfig;
 use crate::model::{Message, Role};
 
@@ -72,6 +74,35 @@ impl Keep {
     pub fn is_verbatim(&self, msgs: &[Arc<Message>], tokens: &[usize], i: usize) -> bool {
         msgs[i].role().is_pinned()
             || self.class(msgs, i, tokens[i]).is_some_and(|c| c != UserClass::Large)
+    }
+
+    /// Where the current turn starts (the last user message) when it must be forwarded
+    /// intact: when it fits `budget.budget` beside the tool definitions and priming
+    /// (`fixed`), the pinned messages before it, and the small user messages that are
+    /// guaranteed ([`SmallGuarantee`]). `None` when there is no user message or the turn
+    /// does not fit: then it may be compacted like the rest.
+    pub fn protected_turn(
+        &self,
+        msgs: &[Arc<Message>],
+        tokens: &[usize],
+        fixed: usize,
+        budget: &Budget,
+    ) -> Option<usize> {
+        let start = self.last_user?;
+        let (mut pinned_before, mut pinned_after) = (0, 0);
+        let mut small = Vec::new();
+        for (i, m) in msgs.iter().enumerate() {
+            if m.role().is_pinned() {
+                if i < start { pinned_before += tokens[i] } else { pinned_after += tokens[i] }
+            } else if i != start && is_user(m) && tokens[i] <= self.user_max {
+                small.push(tokens[i]);
+            }
+        }
+        let essentials = fixed + pinned_before + pinned_after + tokens[start];
+        let room = budget.budget.saturating_sub(essentials);
+        let small = SmallGuarantee::of(small.into_iter(), budget.floor, room);
+        let turn: usize = tokens[start..].iter().sum();
+        (fixed + pinned_before + small.tokens + turn <= budget.budget).then_some(start)
     }
 
     /// Tokens of what folding `[start, end)` would replace.

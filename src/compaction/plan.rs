@@ -163,26 +163,30 @@ impl Plan {
         target: usize,
         counter: &mut Counter<'_>,
     ) -> Result<bool, ModelError> {
+        let mut total = self.total();
         let mut changed = false;
         for i in 0..self.items.len() {
-            if self.total() <= target {
+            if total <= target {
                 break;
             }
             let it = &self.items[i];
             if it.kind == Kind::Work && it.pos < before && !it.dropped {
-                changed |= self.elide_item(i, min_tokens, counter)?;
+                let saved = self.elide_item(i, min_tokens, counter)?;
+                changed |= saved.is_some();
+                total -= saved.unwrap_or(0);
             }
         }
         Ok(changed)
     }
 
     /// Replaces the content of every tool result over `min_tokens` in item `i` by a stub.
+    /// Returns the tokens saved, or `None` when nothing changed.
     fn elide_item(
         &mut self,
         i: usize,
         min_tokens: usize,
         counter: &mut Counter<'_>,
-    ) -> Result<bool, ModelError> {
+    ) -> Result<Option<usize>, ModelError> {
         let item = &self.items[i];
         let caller = item.msgs.first().filter(|m| m.makes_calls()).cloned();
         let mut changed = false;
@@ -199,76 +203,115 @@ impl Plan {
             new_msgs[k] = Arc::new(stub(m, &name, t)?);
             changed = true;
         }
-        if changed {
-            let elided =
-                new_msgs.iter().zip(&item.msgs).filter(|(a, b)| a.hash() != b.hash()).count();
-            let tokens = new_msgs.iter().map(|m| counter.message(m)).sum();
-            let item = &mut self.items[i];
-            item.elided += elided;
-            item.msgs = new_msgs;
-            item.tokens = tokens;
+        if !changed {
+            return Ok(None);
         }
-        Ok(changed)
+        let elided = new_msgs.iter().zip(&item.msgs).filter(|(a, b)| a.hash() != b.hash()).count();
+        let tokens: usize = new_msgs.iter().map(|m| counter.message(m)).sum();
+        let item = &mut self.items[i];
+        let saved = item.tokens.saturating_sub(tokens);
+        item.elided += elided;
+        item.msgs = new_msgs;
+        item.tokens = tokens;
+        Ok(Some(saved))
+    }
+
+    /// Stubs large tool results of the work items `pred` selects, oldest first, until
+    /// `goal` is met; `total` is the running prompt size.
+    fn elide_where(
+        &mut self,
+        goal: usize,
+        min_tokens: usize,
+        total: &mut usize,
+        counter: &mut Counter<'_>,
+        pred: impl Fn(usize, &Item) -> bool,
+    ) -> Result<(), ModelError> {
+        for i in 0..self.items.len() {
+            if *total <= goal {
+                break;
+            }
+            let it = &self.items[i];
+            if it.kind == Kind::Work && !it.dropped && pred(i, it) {
+                *total -= self.elide_item(i, min_tokens, counter)?.unwrap_or(0);
+            }
+        }
+        Ok(())
     }
 
     /// Tier 4: drops and stubs until the prompt fits, keeping pinned messages, the last
-    /// user message, and as many small user messages as fit. In order, each step
-    /// stopping once its goal is met:
-    /// 1. stub large tool results, except in the newest item (goal: `target`);
+    /// user message, the small user messages while they take at most `floor`, and the
+    /// current turn (from original index `protect` on) untouched when it is given. In
+    /// order, each step stopping once its goal is met:
+    /// 1. stub large tool results before the current turn (goal: `target`);
     /// 2. drop work older than the last user message, then, while the small user messages
-    ///    take more than `floor`, the oldest of them, then digests, oldest first (`target`);
-    /// 3. stub every remaining tool result (goal: `limit`);
-    /// 4. drop work after the last user message, oldest first (`limit`);
+    ///    take more than `floor`, the largest of them, then digests, oldest first (`target`);
+    /// 3. stub every remaining tool result outside the protected turn (goal: `limit`);
+    /// 4. drop work after the last user message, oldest first, unless protected (`limit`);
     /// 5. drop the task statement if it is larger than `small_max`, then small user
-    ///    messages, oldest first, then the task statement (`limit`).
-    pub fn fallback(&mut self, goals: Goals, counter: &mut Counter<'_>) -> Result<(), ModelError> {
+    ///    messages and the task statement, the largest first (`limit`);
+    /// 6. steps 3 and 4 without protection (`limit`), which only a turn that was
+    ///    wrongly judged to fit can reach.
+    ///
+    /// Each step is one pass over the items: linear in their number.
+    pub fn fallback(
+        &mut self,
+        goals: Goals,
+        protect: Option<usize>,
+        counter: &mut Counter<'_>,
+    ) -> Result<(), ModelError> {
         let Goals { target, limit, floor, small_max, min_tokens } = goals;
         let n = self.items.len();
         let last_user =
             self.items.iter().position(|i| i.kind == Kind::LastUser).unwrap_or(n.saturating_sub(1));
-        for i in 0..n.saturating_sub(1) {
-            if self.total() <= target {
-                break;
-            }
-            if self.items[i].kind == Kind::Work {
-                self.elide_item(i, min_tokens, counter)?;
-            }
-        }
-        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Work);
-        // Past the floor, the oldest small user messages go before the digests do.
-        let mut users: usize = self
-            .items
-            .iter()
-            .filter(|i| i.kind == Kind::User && !i.dropped)
-            .map(|i| i.tokens)
-            .sum();
+        let open = |it: &Item| protect.is_none_or(|p| it.pos < p);
         let mut total = self.total();
-        for it in self.items.iter_mut().filter(|i| i.kind == Kind::User && !i.dropped) {
-            if users <= floor || total <= target {
+        self.elide_where(target, min_tokens, &mut total, counter, |i, it| i + 1 < n && open(it))?;
+        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Work);
+        // Past the floor, small user messages go before the digests do: the largest
+        // first, so that pastes go before short instructions.
+        self.drop_largest_first(target, floor, |it| it.kind == Kind::User);
+        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Digest);
+        let cut_turn = |plan: &mut Self, counter: &mut Counter<'_>, guarded: bool| {
+            let allowed = |it: &Item| !guarded || open(it);
+            let mut total = plan.total();
+            plan.elide_where(limit, 0, &mut total, counter, |_, it| allowed(it))?;
+            plan.drop_where(limit, |i, it| {
+                i > last_user && matches!(it.kind, Kind::Work | Kind::Digest) && allowed(it)
+            });
+            Ok::<(), ModelError>(())
+        };
+        cut_turn(self, counter, true)?;
+        // A task statement larger than a small user message is not among the guaranteed
+        // ones: it goes first; a small one goes with the small user messages, the
+        // largest first.
+        self.drop_where(limit, |_, it| it.kind == Kind::Task && it.tokens > small_max);
+        self.drop_largest_first(limit, 0, |it| matches!(it.kind, Kind::User | Kind::Task));
+        // The protected turn is cut only should the prompt still not fit without it.
+        cut_turn(self, counter, false)?;
+        Ok(())
+    }
+
+    /// Drops the items `pred` selects, the largest first (the oldest first among equals),
+    /// until the prompt meets `goal` or the selected items left take at most `keep`.
+    fn drop_largest_first(&mut self, goal: usize, keep: usize, pred: impl Fn(&Item) -> bool) {
+        let mut order: Vec<usize> = (0..self.items.len())
+            .filter(|&i| !self.items[i].dropped && pred(&self.items[i]))
+            .collect();
+        let mut selected: usize = order.iter().map(|&i| self.items[i].tokens).sum();
+        let mut total = self.total();
+        if selected <= keep || total <= goal {
+            return;
+        }
+        order.sort_by(|&a, &b| self.items[b].tokens.cmp(&self.items[a].tokens).then(a.cmp(&b)));
+        for i in order {
+            if selected <= keep || total <= goal {
                 break;
             }
+            let it = &mut self.items[i];
             it.dropped = true;
-            users -= it.tokens;
+            selected -= it.tokens;
             total -= it.tokens;
         }
-        self.drop_where(target, |i, it| i < last_user && it.kind == Kind::Digest);
-        for i in 0..n {
-            if self.total() <= limit {
-                break;
-            }
-            if self.items[i].kind == Kind::Work && !self.items[i].dropped {
-                self.elide_item(i, 0, counter)?;
-            }
-        }
-        self.drop_where(limit, |i, it| {
-            i > last_user && matches!(it.kind, Kind::Work | Kind::Digest)
-        });
-        // A task statement larger than a small user message is not among the guaranteed
-        // ones: it goes first; a small one goes last.
-        self.drop_where(limit, |_, it| it.kind == Kind::Task && it.tokens > small_max);
-        self.drop_where(limit, |_, it| it.kind == Kind::User);
-        self.drop_where(limit, |_, it| it.kind == Kind::Task);
-        Ok(())
     }
 
     fn drop_where(&mut self, goal: usize, pred: impl Fn(usize, &Item) -> bool) {

@@ -1,0 +1,97 @@
+//! Long agent sessions through the proxy: every forwarded request keeps the small user
+//! messages verbatim and in order, and the current turn intact whenever it fits,
+//! including requests served from stored fold blocks and requests that hit tier 4.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::agent::{ProviderStats, chat_request, provider};
+use common::sessions::{Shape, session_requests};
+use common::*;
+use foldgate::compaction::check::verify;
+use foldgate::compaction::{Budget, Options, TokenCache};
+use foldgate::model::ChatRequest;
+use http::StatusCode;
+
+/// Replays one session of `shape` through foldgate at a 16,000-token window, growing to
+/// 2.5 times the window, and checks every forwarded request against its original.
+/// Returns how many requests each tier served (`x-foldgate-tier`).
+async fn replay(shape: Shape, seed: u64) -> BTreeMap<String, usize> {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats)).await;
+    let mut config = common::agent::chat_config(&mock.url());
+    config.compaction.max_context_tokens = Some(16_000);
+    let proxy = Proxy::start(config.clone()).await;
+    let requests = session_requests(shape, seed, 40_000);
+    assert!(requests.len() > 40, "{} requests", requests.len());
+
+    let mut cache = TokenCache::default();
+    let mut tiers: BTreeMap<String, usize> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut sent = 0;
+    for (i, request) in requests.iter().enumerate() {
+        let (status, headers, answer) =
+            send(chat_request(&proxy, request.body.clone(), "Bearer sk-s", "long-session")).await;
+        assert_eq!(status, StatusCode::OK, "request {i}");
+        if request.stream {
+            assert!(answer.starts_with(b"data: "), "request {i} streamed");
+        }
+        let tier = headers.get("x-foldgate-tier").map(|v| v.to_str().unwrap().to_owned());
+        *tiers.entry(tier.unwrap_or_else(|| "-".into())).or_default() += 1;
+
+        let chats: Vec<_> = mock
+            .recorded()
+            .into_iter()
+            .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
+            .collect();
+        assert_eq!(chats.len(), sent + 1, "one forwarded request per request");
+        sent += 1;
+        let original = ChatRequest::parse(&request.body).unwrap();
+        let forwarded = ChatRequest::parse(&chats[sent - 1].body).unwrap();
+        let budget = Budget::of(&original, &config.compaction, &Options::default());
+        for v in verify(&original, &forwarded, &config.compaction, &budget, &mut cache) {
+            failures.push(format!("request {i}: ({}) {}", v.check, v.detail));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{shape:?}: {} violations:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let compacted: usize =
+        tiers.iter().filter(|(t, _)| !matches!(t.as_str(), "-" | "0")).map(|(_, n)| n).sum();
+    assert!(compacted > 10, "{shape:?}: the session was compacted ({tiers:?})");
+    tiers
+}
+
+/// Replays three sessions of `shape`; the guarantees must have held on requests served
+/// by a fold (tier 2, also from stored blocks later on) and by the fallback (tier 4).
+async fn replay_three(shape: Shape) {
+    let mut all: BTreeMap<String, usize> = BTreeMap::new();
+    for seed in 1..=3 {
+        for (tier, n) in replay(shape, seed).await {
+            *all.entry(tier).or_default() += n;
+        }
+    }
+    assert!(all.get("2").is_some_and(|&n| n > 0), "{shape:?}: no fold ({all:?})");
+    assert!(all.get("4").is_some_and(|&n| n > 0), "{shape:?}: no fallback ({all:?})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coding_agent_session_keeps_user_turns_and_the_current_turn() {
+    replay_three(Shape::CodingAgent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_calling_session_keeps_user_turns_and_the_current_turn() {
+    replay_three(Shape::ToolCalling).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_user_turns_outlive_pastes_that_pass_the_floor() {
+    replay_three(Shape::PastingAgent).await;
+}
