@@ -1,4 +1,5 @@
-//! Body types: the boxed body every response uses, and a request body with a size limit.
+//! Body types: the boxed body every response uses, and a request body with a size limit
+//! that records how far it was read.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -121,22 +122,42 @@ pub struct BodyTooLarge {
     pub limit: u64,
 }
 
+/// How far a request body got, shared by the [`Limited`] reading it and whoever answers
+/// the request: read to its end, or cut at the limit.
+#[derive(Debug, Default)]
+pub struct BodyProgress {
+    ended: AtomicBool,
+    exceeded: AtomicBool,
+}
+
+impl BodyProgress {
+    /// Every byte of the body was read.
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// The body grew past the limit (a limit failure, not an upstream one).
+    pub fn exceeded(&self) -> bool {
+        self.exceeded.load(Ordering::Acquire)
+    }
+}
+
 pin_project_lite::pin_project! {
     /// Streams a body through while counting; fails once more than `limit` bytes passed.
-    /// `exceeded` is set so the caller can tell a limit failure from an upstream one.
+    /// Records in a [`BodyProgress`] whether the body ended or went over.
     pub struct Limited<B> {
         #[pin]
         inner: B,
         remaining: u64,
         limit: u64,
-        exceeded: Arc<AtomicBool>,
+        progress: Arc<BodyProgress>,
     }
 }
 
 impl<B> Limited<B> {
     /// Wraps `inner`, allowing at most `limit` bytes.
-    pub fn new(inner: B, limit: u64, exceeded: Arc<AtomicBool>) -> Self {
-        Self { inner, remaining: limit, limit, exceeded }
+    pub fn new(inner: B, limit: u64, progress: Arc<BodyProgress>) -> Self {
+        Self { inner, remaining: limit, limit, progress }
     }
 }
 
@@ -152,23 +173,30 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        match this.inner.poll_frame(cx) {
+        let mut this = self.project();
+        match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;
                     if len > *this.remaining {
-                        this.exceeded.store(true, Ordering::Release);
+                        this.progress.exceeded.store(true, Ordering::Release);
                         return Poll::Ready(Some(Err(Box::new(BodyTooLarge {
                             limit: *this.limit,
                         }))));
                     }
                     *this.remaining -= len;
                 }
+                // A reader that knows the length stops polling after the last frame.
+                if this.inner.is_end_stream() {
+                    this.progress.ended.store(true, Ordering::Release);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                this.progress.ended.store(true, Ordering::Release);
+                Poll::Ready(None)
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -182,16 +210,19 @@ where
     }
 }
 
-/// Reads a whole request body of at most `limit` bytes.
-pub async fn read_limited<B>(body: B, limit: u64) -> Result<Bytes, ReadError>
+/// Reads a whole request body of at most `limit` bytes, recording in `progress`.
+pub async fn read_limited<B>(
+    body: B,
+    limit: u64,
+    progress: Arc<BodyProgress>,
+) -> Result<Bytes, ReadError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let exceeded = Arc::new(AtomicBool::new(false));
-    match Limited::new(body, limit, exceeded.clone()).collect().await {
+    match Limited::new(body, limit, progress.clone()).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(_) if exceeded.load(Ordering::Acquire) => Err(ReadError::TooLarge { limit }),
+        Err(_) if progress.exceeded() => Err(ReadError::TooLarge { limit }),
         Err(e) => Err(ReadError::Body(e.to_string())),
     }
 }
@@ -257,14 +288,25 @@ mod tests {
 
     #[tokio::test]
     async fn limited_passes_small_bodies_and_flags_large_ones() {
-        let flag = Arc::new(AtomicBool::new(false));
-        let ok = Limited::new(Full::new(Bytes::from_static(b"abc")), 3, flag.clone());
+        let progress = Arc::new(BodyProgress::default());
+        let ok = Limited::new(Full::new(Bytes::from_static(b"abc")), 3, progress.clone());
         assert_eq!(ok.collect().await.unwrap().to_bytes(), "abc");
-        assert!(!flag.load(Ordering::Acquire));
+        assert!(progress.ended() && !progress.exceeded());
 
-        let too_big = Limited::new(Full::new(Bytes::from_static(b"abcd")), 3, flag.clone());
+        let progress = Arc::new(BodyProgress::default());
+        let too_big = Limited::new(Full::new(Bytes::from_static(b"abcd")), 3, progress.clone());
         assert!(too_big.collect().await.is_err());
-        assert!(flag.load(Ordering::Acquire));
+        assert!(progress.exceeded() && !progress.ended());
+    }
+
+    #[tokio::test]
+    async fn limited_records_the_end_without_a_final_poll() {
+        // hyper stops polling a body of known length once it reports its end.
+        let progress = Arc::new(BodyProgress::default());
+        let mut body = Limited::new(Full::new(Bytes::from_static(b"abc")), 3, progress.clone());
+        assert!(!progress.ended());
+        body.frame().await.unwrap().unwrap();
+        assert!(progress.ended());
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::body::{ProxyBody, ReadError, full, peek, read_limited};
+use super::body::{BodyProgress, ProxyBody, ReadError, full, peek, read_limited};
 use super::error::ProxyError;
 use super::passthrough::{self, build_request, client_response, declared_length};
 use super::session_key::session_key;
@@ -84,25 +84,26 @@ impl ChatState {
     }
 }
 
-/// Handles one chat-completions request.
+/// Handles one chat-completions request; how far its body was read goes to `progress`.
 pub async fn handle(
     upstream: &Upstream,
     max_body: u64,
     chat: &ChatState,
     metrics: &Arc<Metrics>,
     request: Request<Incoming>,
+    progress: Arc<BodyProgress>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if !chat.enabled || request.headers().contains_key(SUMMARY_HEADER) {
         if !chat.enabled {
             metrics.chat_requests.with_label_values(&["disabled"]).inc();
         }
-        return passthrough::forward(upstream, max_body, metrics, request).await;
+        return passthrough::forward(upstream, max_body, metrics, request, progress).await;
     }
     if declared_length(request.headers()).is_some_and(|len| len > max_body) {
         return Err(ProxyError::BodyTooLarge { limit: max_body });
     }
     let (parts, body) = request.into_parts();
-    let original = read_limited(body, max_body).await.map_err(|e| match e {
+    let original = read_limited(body, max_body, progress).await.map_err(|e| match e {
         ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
         ReadError::Body(message) => ProxyError::ClientBody(message),
     })?;

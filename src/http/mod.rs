@@ -7,6 +7,7 @@ mod connections;
 mod error;
 mod headers;
 pub mod layers;
+mod linger;
 mod passthrough;
 mod routes;
 pub mod server;

@@ -1,34 +1,34 @@
 //! Byte-for-byte forwarding: the request streams to the upstream, the response streams back.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use http::header::{self, HeaderMap};
 use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
-use super::body::{Limited, ProxyBody, boxed};
+use super::body::{BodyProgress, Limited, ProxyBody, boxed};
 use super::error::ProxyError;
 use super::headers::strip_hop_by_hop;
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped;
 use crate::metrics::{Metrics, Route};
 
-/// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the request.
+/// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the
+/// request, whose reading is recorded in `progress`.
 pub async fn forward(
     upstream: &Upstream,
     max_body: u64,
     metrics: &Arc<Metrics>,
     request: Request<Incoming>,
+    progress: Arc<BodyProgress>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let started = Instant::now();
     if declared_length(request.headers()).is_some_and(|len| len > max_body) {
         return Err(ProxyError::BodyTooLarge { limit: max_body });
     }
     let (parts, body) = request.into_parts();
-    let exceeded = Arc::new(AtomicBool::new(false));
-    let body = boxed(Limited::new(body, max_body, exceeded.clone()));
+    let body = boxed(Limited::new(body, max_body, progress.clone()));
     let outgoing = upstream_request(upstream, parts, body)?;
     metrics.observe_proxy_overhead(Route::Passthrough, started.elapsed().as_secs_f64());
     let sent = Instant::now();
@@ -36,9 +36,7 @@ pub async fn forward(
     metrics.observe_upstream_ttfb(Route::Passthrough, sent.elapsed().as_secs_f64());
     match result {
         Ok(response) => Ok(tapped(client_response(response), metrics, None)),
-        Err(_) if exceeded.load(Ordering::Acquire) => {
-            Err(ProxyError::BodyTooLarge { limit: max_body })
-        }
+        Err(_) if progress.exceeded() => Err(ProxyError::BodyTooLarge { limit: max_body }),
         Err(e) => Err(e),
     }
 }

@@ -7,11 +7,13 @@ use std::task::{Context, Poll};
 
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode, header};
+use http_body::Body as _;
 use hyper::body::Incoming;
 
-use super::body::{ProxyBody, full};
+use super::body::{BodyProgress, ProxyBody, full};
 use super::chat::{self, ChatState};
 use super::error::ProxyError;
+use super::linger::UnreadBody;
 use super::passthrough;
 use super::upstream::Upstream;
 use crate::metrics::{Metrics, Route};
@@ -57,17 +59,26 @@ impl tower::Service<Request<Incoming>> for Router {
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let state = self.state.clone();
         Box::pin(async move {
-            let (route, result) = dispatch(&state, request).await;
-            let response = result.unwrap_or_else(ProxyError::into_response);
+            let has_body = !request.body().is_end_stream();
+            let progress = Arc::new(BodyProgress::default());
+            let (route, result) = dispatch(&state, request, &progress).await;
+            let mut response = result.unwrap_or_else(ProxyError::into_response);
             state.metrics.request(route, response.status().as_u16());
+            // An answer before the body's end (ours, or an upstream's that did not wait
+            // for it): the connection must close, and lingering (see `linger`).
+            if has_body && !progress.ended() {
+                response.extensions_mut().insert(UnreadBody);
+            }
             Ok(response)
         })
     }
 }
 
+/// Routes `request`; handlers that read its body record how far in `progress`.
 async fn dispatch(
     state: &AppState,
     request: Request<Incoming>,
+    progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     let path = request.uri().path();
     match (request.method(), path) {
@@ -87,12 +98,26 @@ async fn dispatch(
         }
         (&Method::POST, "/v1/chat/completions") => (
             Route::ChatCompletions,
-            chat::handle(&state.upstream, state.max_body, &state.chat, &state.metrics, request)
-                .await,
+            chat::handle(
+                &state.upstream,
+                state.max_body,
+                &state.chat,
+                &state.metrics,
+                request,
+                progress.clone(),
+            )
+            .await,
         ),
         (_, p) if p == "/v1" || p.starts_with("/v1/") => (
             Route::Passthrough,
-            passthrough::forward(&state.upstream, state.max_body, &state.metrics, request).await,
+            passthrough::forward(
+                &state.upstream,
+                state.max_body,
+                &state.metrics,
+                request,
+                progress.clone(),
+            )
+            .await,
         ),
         _ => (Route::Unknown, Err(ProxyError::NotFound(path.to_owned()))),
     }

@@ -16,6 +16,7 @@ use tower::ServiceBuilder;
 
 use super::chat::ChatState;
 use super::layers::{AccessLogLayer, RequestIdLayer};
+use super::linger::{LINGER_SLACK, Linger, LingerFlag, LingerIo};
 use super::routes::{AppState, Router};
 use super::upstream::{Upstream, UpstreamSetupError};
 use crate::config::Config;
@@ -44,6 +45,8 @@ pub struct Server {
     metrics_listener: Option<(TcpListener, String)>,
     state: Arc<AppState>,
     grace: Duration,
+    /// The most a lingering close reads: `server.max_body_size` plus some slack.
+    max_drain: u64,
     /// Runs the session sweeper (one server per process does).
     housekeeping: bool,
 }
@@ -141,6 +144,7 @@ impl Server {
             metrics_listener,
             state,
             grace: config.server.shutdown_grace,
+            max_drain: config.server.max_body_size.0.saturating_add(LINGER_SLACK),
             housekeeping,
         })
     }
@@ -159,6 +163,10 @@ impl Server {
     /// requests finish for up to `server.shutdown_grace`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         // Layer order, outermost first:
+        // 0. Linger, per connection (wrapped in the accept loop): on a response marked
+        //    `UnreadBody` by the router (answered before the request body's end) adds
+        //    `Connection: close` and arms the connection's lingering close, which its
+        //    `LingerIo` performs when hyper shuts the connection down.
         // 1. RequestIdLayer: takes or makes `x-request-id`, puts it in extensions, sends
         //    it upstream (as a request header) and back (as a response header).
         // 2. AccessLogLayer: one line per request when the response body ends.
@@ -193,8 +201,10 @@ impl Server {
                         }
                     };
                     let _ = stream.set_nodelay(true);
-                    let hyper_service = TowerToHyperService::new(service.clone());
-                    let connection = builder.serve_connection(TokioIo::new(stream), hyper_service).into_owned();
+                    let linger = LingerFlag::default();
+                    let io = TokioIo::new(LingerIo::new(stream, linger.clone(), self.max_drain));
+                    let hyper_service = TowerToHyperService::new(Linger::new(service.clone(), linger));
+                    let connection = builder.serve_connection(io, hyper_service).into_owned();
                     let connection = graceful.watch(connection);
                     while connections.try_join_next().is_some() {}
                     connections.spawn(async move {
