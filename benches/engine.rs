@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr, missing_docs)]
 //! Engine benchmarks: JSON parsing, cold tokenization, planning a 100k-token
 //! conversation cold and warm, bounded counting of a 5 MB adversarial message against
-//! 5 MB of ordinary text, and tiktoken-rs against bpe-openai.
+//! 5 MB of ordinary text, tiktoken-rs against bpe-openai, and compaction of 10,000 and
+//! 100,000 short messages (linear time).
 //!
 //! Conversations come from `../shared/traces/dev.jsonl` (beside the repository): the
 //! longest sessions are concatenated until they reach 100k tokens.
@@ -174,5 +175,59 @@ fn counting_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, engine_benches, counting_benches);
+/// A request of `n` short messages (a system prompt, then user and assistant alternating,
+/// about 55 bytes each), as a client that never trims its history sends it.
+fn short_messages(n: usize) -> Vec<u8> {
+    let mut msgs = vec![json!({"role": "system", "content": "You are helpful."})];
+    for i in 1..n {
+        let role = if i % 2 == 1 { "user" } else { "assistant" };
+        msgs.push(json!({"role": role, "content": format!("short message number {i} ok")}));
+    }
+    body(&msgs)
+}
+
+/// Parse and compact one request of 10,000 and of 100,000 short messages at a
+/// 16,000-token window (tier 4 applies): the time must grow linearly with the messages.
+fn scaling_benches(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let engine = Engine::new(CompactionConfig::default());
+    let opts = Options { window_cap: Some(16_000), ..Options::default() };
+    let compact = |body: &[u8]| {
+        let mut state = SessionState::default();
+        rt.block_on(engine.compact(body, &mut state, &ExtractiveSummarizer, &opts)).unwrap()
+    };
+    let sizes = [10_000, 100_000];
+    let bodies: Vec<Vec<u8>> = sizes.iter().map(|&n| short_messages(n)).collect();
+    // The tokenizer tables load once per process, outside any measurement.
+    compact(&bodies[0]);
+    let mut medians = Vec::new();
+    for (n, body) in sizes.iter().zip(&bodies) {
+        let mut runs: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                compact(body);
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        runs.sort_by(f64::total_cmp);
+        let tier = compact(body).report().tier;
+        eprintln!(
+            "{n} short messages ({} bytes): median {:.1} ms, tier {tier}",
+            body.len(),
+            runs[2] * 1e3
+        );
+        medians.push(runs[2]);
+    }
+    eprintln!("100k / 10k messages: {:.2}x the time for 10x the messages", medians[1] / medians[0]);
+
+    let mut g = c.benchmark_group("scale");
+    g.sample_size(10);
+    for (n, body) in sizes.iter().zip(&bodies) {
+        g.throughput(Throughput::Elements(*n as u64));
+        g.bench_function(format!("compact_{n}_short_messages"), |b| b.iter(|| compact(body)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, engine_benches, counting_benches, scaling_benches);
 criterion_main!(benches);

@@ -75,11 +75,21 @@ impl Plan {
     ) -> Result<Self, ModelError> {
         let mut items = Vec::new();
         for b in blocks {
-            let emitted = b.emitted()?;
             let n_verbatim = b.verbatim.len();
-            for (k, m) in emitted.into_iter().enumerate() {
-                let n = counter.message(&m);
+            for (k, raw) in b.messages.iter().enumerate() {
                 let pos = b.verbatim.get(k).copied().unwrap_or(b.start);
+                // A verbatim message is the original's exact text (the block matched its
+                // range): reuse the parsed original and its count instead of parsing and
+                // counting the copy again.
+                let (m, n) = match msgs.get(pos).filter(|o| k < n_verbatim && o.raw() == raw.get())
+                {
+                    Some(original) => (original.clone(), tokens[pos]),
+                    None => {
+                        let m = Arc::new(Message::from_raw(raw.clone())?);
+                        let n = counter.message(&m);
+                        (m, n)
+                    }
+                };
                 // A verbatim user message is classed by this request's rules: the last
                 // user message of an earlier request may be a large one by now.
                 let (kind, originals, folds) = if k >= n_verbatim {
