@@ -15,7 +15,7 @@ use futures_util::FutureExt;
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
 use crate::config::CompactionMode;
 use crate::model::ChatRequest;
-use crate::session::{SessionKey, SessionLocks, SessionStore};
+use crate::session::{Loaded, Saved, SessionKey, SessionLocks, SessionStore};
 use crate::summarizer::Summarizer;
 
 /// What happened to one request.
@@ -146,7 +146,7 @@ impl Compactor {
                 let _guard = inner.locks.lock(&key).await;
                 inner.store.load(&key).await
             };
-            let Ok(Some(mut state)) = snapshot else { return };
+            let Ok(Some(Loaded { mut state, .. })) = snapshot else { return };
             let run =
                 inner.engine.prefetch(&request, &mut state, summarizer.as_ref(), forwarded_tokens);
             match AssertUnwindSafe(run).catch_unwind().await {
@@ -161,13 +161,17 @@ impl Compactor {
             // Keep the block unless the conversation moved past where it starts meanwhile;
             // whether it still matches the messages is checked again when it is applied.
             let _guard = inner.locks.lock(&key).await;
-            let Ok(Some(mut latest)) = inner.store.load(&key).await else { return };
+            let Ok(Some(Loaded { state: mut latest, revision })) = inner.store.load(&key).await
+            else {
+                return;
+            };
             if latest.blocks.last().map_or(0, |b| b.end) != block.start {
                 return;
             }
             latest.pending = Some(block);
-            match inner.store.save(&key, latest).await {
-                Ok(()) => {
+            match inner.store.save(&key, latest, revision).await {
+                Ok(Saved::Conflict) => {}
+                Ok(Saved::Written) => {
                     tracing::debug!(session = key.as_str(), "next fold summarized ahead of need")
                 }
                 Err(e) => tracing::warn!(error = %e, "session save after prefetch failed"),
@@ -198,12 +202,12 @@ impl Inner {
     ) -> Decision {
         let _guard = self.locks.lock(key).await;
         let mut store_error = false;
-        let mut state = match self.store.load(key).await {
-            Ok(found) => found.unwrap_or_default(),
+        let (mut state, revision) = match self.store.load(key).await {
+            Ok(found) => found.map_or_else(Default::default, |l| (l.state, l.revision)),
             Err(e) => {
                 tracing::warn!(error = %e, store = self.store.name(), "session load failed; compacting without stored state");
                 store_error = true;
-                SessionState::default()
+                (SessionState::default(), 0)
             }
         };
         let run = self.engine.compact_request(request, &mut state, summarizer, options);
@@ -213,7 +217,7 @@ impl Inner {
             Ok(Err(e)) => return Decision::failed_open(e.to_string(), store_error),
             Err(panic) => return Decision::failed_open(panic_message(panic.as_ref()), store_error),
         };
-        if let Err(e) = self.store.save(key, state).await {
+        if let Err(e) = self.store.save(key, state, revision).await {
             tracing::warn!(error = %e, store = self.store.name(), "session save failed");
             store_error = true;
         }
@@ -312,10 +316,10 @@ mod tests {
         fn name(&self) -> &'static str {
             "broken"
         }
-        async fn load(&self, _: &SessionKey) -> Result<Option<SessionState>, StoreError> {
+        async fn load(&self, _: &SessionKey) -> Result<Option<Loaded<SessionState>>, StoreError> {
             Err(StoreError::Unavailable("connection refused".into()))
         }
-        async fn save(&self, _: &SessionKey, _: SessionState) -> Result<(), StoreError> {
+        async fn save(&self, _: &SessionKey, _: SessionState, _: u64) -> Result<Saved, StoreError> {
             Err(StoreError::Unavailable("connection refused".into()))
         }
         fn active_sessions(&self) -> usize {

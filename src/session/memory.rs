@@ -7,11 +7,12 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{SessionKey, SessionStore, StoreError};
+use super::{Loaded, Saved, SessionKey, SessionStore, StoreError};
 
 struct Entry<S> {
     state: S,
     last_seen: Instant,
+    revision: u64,
 }
 
 /// In-memory session store for one process.
@@ -62,12 +63,12 @@ impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
         "memory"
     }
 
-    async fn load(&self, key: &SessionKey) -> Result<Option<S>, StoreError> {
+    async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<S>>, StoreError> {
         let now = Instant::now();
         let found = match self.map.get_mut(key) {
             Some(mut entry) if now.duration_since(entry.last_seen) < self.ttl => {
                 entry.last_seen = now;
-                Some(entry.state.clone())
+                Some(Loaded { state: entry.state.clone(), revision: entry.revision })
             }
             Some(_) => None,
             None => return Ok(None),
@@ -78,12 +79,29 @@ impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
         Ok(found)
     }
 
-    async fn save(&self, key: &SessionKey, state: S) -> Result<(), StoreError> {
+    async fn save(&self, key: &SessionKey, state: S, revision: u64) -> Result<Saved, StoreError> {
         if !self.map.contains_key(key) {
             self.make_room();
         }
-        self.map.insert(key.clone(), Entry { state, last_seen: Instant::now() });
-        Ok(())
+        let now = Instant::now();
+        match self.map.entry(key.clone()) {
+            dashmap::Entry::Occupied(mut e) => {
+                let live = now.duration_since(e.get().last_seen) < self.ttl;
+                let current = if live { e.get().revision } else { 0 };
+                if current != revision {
+                    return Ok(Saved::Conflict);
+                }
+                let next = e.get().revision + 1;
+                e.insert(Entry { state, last_seen: now, revision: next });
+            }
+            dashmap::Entry::Vacant(e) => {
+                if revision != 0 {
+                    return Ok(Saved::Conflict);
+                }
+                e.insert(Entry { state, last_seen: now, revision: 1 });
+            }
+        }
+        Ok(Saved::Written)
     }
 
     fn active_sessions(&self) -> usize {
@@ -103,46 +121,66 @@ mod tests {
         SessionKey::from_digest(format!("k{n}"))
     }
 
+    async fn state<S: Clone + Send + Sync + 'static>(
+        store: &MemoryStore<S>,
+        n: usize,
+    ) -> Option<S> {
+        store.load(&key(n)).await.unwrap().map(|l| l.state)
+    }
+
+    #[tokio::test]
+    async fn saves_are_conditional_on_the_revision() {
+        let store = MemoryStore::new(Duration::from_secs(60), 10);
+        assert_eq!(store.save(&key(1), 1u32, 0).await.unwrap(), Saved::Written);
+        assert_eq!(store.save(&key(1), 2u32, 0).await.unwrap(), Saved::Conflict);
+        let loaded = store.load(&key(1)).await.unwrap().unwrap();
+        assert_eq!((loaded.state, loaded.revision), (1, 1));
+        assert_eq!(store.save(&key(1), 3u32, 1).await.unwrap(), Saved::Written);
+        assert_eq!(store.save(&key(1), 4u32, 1).await.unwrap(), Saved::Conflict);
+        assert_eq!(state(&store, 1).await, Some(3));
+        assert_eq!(store.save(&key(2), 5u32, 7).await.unwrap(), Saved::Conflict);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn sessions_expire_after_the_ttl() {
         let store = MemoryStore::new(Duration::from_secs(60), 100);
-        store.save(&key(1), 7u32).await.unwrap();
+        store.save(&key(1), 7u32, 0).await.unwrap();
         tokio::time::advance(Duration::from_secs(59)).await;
-        assert_eq!(store.load(&key(1)).await.unwrap(), Some(7), "use refreshes last-seen");
+        assert_eq!(state(&store, 1).await, Some(7), "use refreshes last-seen");
         tokio::time::advance(Duration::from_secs(59)).await;
-        assert_eq!(store.load(&key(1)).await.unwrap(), Some(7));
+        assert_eq!(state(&store, 1).await, Some(7));
         tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(store.load(&key(1)).await.unwrap(), None);
+        assert_eq!(state(&store, 1).await, None);
         assert_eq!(store.active_sessions(), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn sweep_drops_expired_sessions() {
         let store = MemoryStore::new(Duration::from_secs(10), 100);
-        store.save(&key(1), 1u32).await.unwrap();
+        store.save(&key(1), 1u32, 0).await.unwrap();
         tokio::time::advance(Duration::from_secs(5)).await;
-        store.save(&key(2), 2u32).await.unwrap();
+        store.save(&key(2), 2u32, 0).await.unwrap();
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(SessionStore::<u32>::sweep(&store), 1);
-        assert_eq!(store.load(&key(2)).await.unwrap(), Some(2));
+        assert_eq!(state(&store, 2).await, Some(2));
     }
 
     #[tokio::test(start_paused = true)]
     async fn least_recently_used_sessions_are_evicted_at_capacity() {
         let store = MemoryStore::new(Duration::from_secs(3600), 32);
         for n in 0..32 {
-            store.save(&key(n), n).await.unwrap();
+            store.save(&key(n), n, 0).await.unwrap();
             tokio::time::advance(Duration::from_millis(1)).await;
         }
         // Touch session 0 so it is the most recently used.
-        assert_eq!(store.load(&key(0)).await.unwrap(), Some(0));
-        store.save(&key(99), 99).await.unwrap();
+        assert_eq!(state(&store, 0).await, Some(0));
+        store.save(&key(99), 99, 0).await.unwrap();
         assert!(store.active_sessions() <= 32);
-        assert_eq!(store.load(&key(0)).await.unwrap(), Some(0), "recently used survives");
-        assert_eq!(store.load(&key(1)).await.unwrap(), None, "oldest was evicted");
-        assert_eq!(store.load(&key(99)).await.unwrap(), Some(99));
+        assert_eq!(state(&store, 0).await, Some(0), "recently used survives");
+        assert_eq!(state(&store, 1).await, None, "oldest was evicted");
+        assert_eq!(state(&store, 99).await, Some(99));
         for n in 100..1000 {
-            store.save(&key(n), n).await.unwrap();
+            store.save(&key(n), n, 0).await.unwrap();
         }
         assert!(store.active_sessions() <= 32);
     }

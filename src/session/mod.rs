@@ -8,6 +8,8 @@
 pub mod locks;
 pub mod memory;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 pub use locks::{SessionGuard, SessionLocks};
@@ -40,19 +42,69 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// A conversation's state as loaded, with the revision it was stored under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loaded<S> {
+    /// The state.
+    pub state: S,
+    /// Revision of the stored value; pass it back to [`SessionStore::save`].
+    pub revision: u64,
+}
+
+/// What a conditional save did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// The state was stored.
+    Written,
+    /// Someone else stored the conversation since the revision given: nothing was written.
+    Conflict,
+}
+
+/// A conversation's summarization lease: while one holder has it, no other process
+/// summarizes for that conversation. It expires by itself, so a holder that dies delays
+/// nobody past the expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// A random token identifying the holder (releasing checks it).
+    pub token: String,
+}
+
 /// Where conversation state lives between requests.
 #[async_trait]
 pub trait SessionStore<S>: Send + Sync {
-    /// A short name for logs (`memory`, `redis`).
+    /// A short name for logs and metrics (`memory`, `redis`).
     fn name(&self) -> &'static str;
 
-    /// The state of `key`, if any and not expired; refreshes its last-seen time.
-    async fn load(&self, key: &SessionKey) -> Result<Option<S>, StoreError>;
+    /// True when other processes share the store: state may change between two requests
+    /// of this process, and what can be recomputed (token counts) is kept locally.
+    fn is_shared(&self) -> bool {
+        false
+    }
 
-    /// Stores the state of `key`.
-    async fn save(&self, key: &SessionKey, state: S) -> Result<(), StoreError>;
+    /// The state of `key`, if any and not expired; refreshes its expiry.
+    async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<S>>, StoreError>;
 
-    /// Conversations currently held (for the active-sessions gauge).
+    /// Stores the state of `key` if its stored revision is still `revision` (0: nothing
+    /// was stored), so that concurrent writers never overwrite each other's work unseen.
+    async fn save(&self, key: &SessionKey, state: S, revision: u64) -> Result<Saved, StoreError>;
+
+    /// Takes the summarization lease of `key` for `ttl` unless someone else holds it
+    /// (`None`). A store used by one process only needs no lease: the default grants it.
+    async fn try_lease(
+        &self,
+        _key: &SessionKey,
+        _ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        Ok(Some(Lease { token: String::new() }))
+    }
+
+    /// Gives back a lease taken with [`SessionStore::try_lease`] (if still held by it).
+    async fn release(&self, _key: &SessionKey, _lease: Lease) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Conversations currently held (for the active-sessions gauge), when the store can
+    /// tell cheaply; a shared store reports the ones this process has seen lately.
     fn active_sessions(&self) -> usize;
 
     /// Drops expired conversations now; returns how many. Stores whose backend expires
