@@ -3,11 +3,12 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderName;
 
 use crate::compaction::{Engine, SessionState};
-use crate::compactor::Compactor;
+use crate::compactor::{Compactor, Sharing};
 use crate::config::{Config, SummarizerKind};
 use crate::http::Server;
 use crate::http::chat::{ChatState, Summarizers};
@@ -60,10 +61,16 @@ fn build_pipeline(
     let session_header = HeaderName::from_bytes(config.session.header.as_bytes())
         .map_err(|e| AppError::SessionHeader(e.to_string()))?;
     let chat = ChatState {
-        compactor: Compactor::new(
+        compactor: Compactor::sharing(
             Engine::new(config.compaction.clone()),
             store,
             config.compaction.mode,
+            Sharing {
+                ttl: config.session.ttl,
+                max_sessions: config.session.max_sessions,
+                // A summarizer call, then the save of its block.
+                lease_ttl: config.summarizer.timeout + Duration::from_secs(10),
+            },
         ),
         summarizers,
         session_header,

@@ -170,19 +170,35 @@ impl Engine {
                         keep,
                     };
                     let region = Region { msgs, tokens: &tokens, start: blocks_end, end };
-                    let folded = fold_after(blocks, region, summarizer, rules).await?;
-                    report.summarizer = Some(folded.block.summarizer.clone());
-                    report.summarizer_error = folded.error;
-                    report.artifact_recall = folded.block.artifact_recall;
-                    report.blocks_new += 1;
-                    blocks.push(folded.block);
-                    plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
-                    report.tier = 2;
+                    match fold_after(blocks, region, summarizer, rules).await? {
+                        Some(folded) => {
+                            report.summarizer = Some(folded.block.summarizer.clone());
+                            report.summarizer_error = folded.error;
+                            report.artifact_recall = folded.block.artifact_recall;
+                            report.blocks_new += 1;
+                            blocks.push(folded.block);
+                            plan = Plan::build(
+                                blocks,
+                                msgs,
+                                &units,
+                                &tokens,
+                                fixed,
+                                &keep,
+                                &mut counter,
+                            )?;
+                            report.tier = 2;
+                        }
+                        None => report.fold_deferred = true,
+                    }
                 }
             }
-            if plan.total() > budget.target {
+            // While another process summarizes this conversation, the request goes on
+            // with the folds it has and is cut only as far as it must be to fit: its
+            // prefix changes once, when the digest lands, not twice.
+            let target = if report.fold_deferred { budget.budget } else { budget.target };
+            if plan.total() > target {
                 let goals = Goals {
-                    target: budget.target,
+                    target,
                     limit: budget.budget,
                     floor: budget.floor,
                     small_max: cfg.user_verbatim_max_tokens,

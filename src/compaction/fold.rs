@@ -10,7 +10,7 @@ use super::keep::Keep;
 use crate::model::{DIGEST_MARKER, Message, ModelError};
 use crate::summarizer::artifacts::{self, Artifact};
 use crate::summarizer::extractive;
-use crate::summarizer::{Summarizer, SummaryInput};
+use crate::summarizer::{Summarizer, SummarizerError, SummaryInput};
 
 /// How a new block is made.
 #[derive(Debug, Clone, Copy)]
@@ -45,13 +45,13 @@ pub struct Region<'a> {
 }
 
 /// Folds `region`, which follows the stored `blocks`, giving the summarizer the last
-/// block's digest as prior context.
+/// block's digest as prior context. `None` when the summarizer deferred the fold.
 pub async fn fold_after(
     blocks: &[FoldBlock],
     region: Region<'_>,
     summarizer: &dyn Summarizer,
     rules: FoldRules,
-) -> Result<Folded, ModelError> {
+) -> Result<Option<Folded>, ModelError> {
     let prior = match blocks.last() {
         Some(b) => b.emitted()?.last().map(|m| m.text()),
         None => None,
@@ -61,17 +61,18 @@ pub async fn fold_after(
 
 /// Folds `region` into a block: the messages `rules.keep` keeps verbatim, then one
 /// digest. The summarizer's failure (or empty answer) falls back to the extractive
-/// digest.
+/// digest; when it defers (another process is summarizing), no block is made (`None`).
 pub async fn fold(
     region: Region<'_>,
     prior_digest: Option<&str>,
     summarizer: &dyn Summarizer,
     rules: FoldRules,
-) -> Result<Folded, ModelError> {
+) -> Result<Option<Folded>, ModelError> {
     let Region { msgs, tokens, start, end } = region;
     let region = &msgs[start..end];
     let input = SummaryInput { messages: region, prior_digest, max_tokens: rules.max_tokens };
     let (body, name, error) = match summarizer.summarize(input).await {
+        Err(SummarizerError::Deferred) => return Ok(None),
         Ok(text) if !text.trim().is_empty() => (text, summarizer.name(), None),
         Ok(_) => (
             extractive::digest(region, rules.max_tokens),
@@ -108,7 +109,7 @@ pub async fn fold(
         summarizer: name.to_owned(),
         artifact_recall: recall,
     };
-    Ok(Folded { block, error })
+    Ok(Some(Folded { block, error }))
 }
 
 fn clip_chars(s: &str, max: usize) -> String {

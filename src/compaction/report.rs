@@ -42,6 +42,9 @@ pub struct Report {
     pub blocks_invalidated: usize,
     /// A block summarized ahead of need (prefetch) was applied, with no summarizer call.
     pub used_prefetched: bool,
+    /// A fold was due but another process was summarizing this conversation: the request
+    /// went on with the folds it had.
+    pub fold_deferred: bool,
     /// Summarizer used for new blocks.
     pub summarizer: Option<String>,
     /// Why the summarizer failed, if it did (the extractive digest was used instead).
@@ -78,6 +81,7 @@ impl Report {
             blocks_new: 0,
             blocks_invalidated: invalidated,
             used_prefetched: false,
+            fold_deferred: false,
             summarizer: None,
             summarizer_error: None,
             artifact_recall: None,

@@ -17,7 +17,8 @@ pub use extractive::ExtractiveSummarizer;
 
 use crate::model::Message;
 
-/// Errors of a summarizer. On any of them the engine uses the extractive digest.
+/// Errors of a summarizer. On any of them but [`SummarizerError::Deferred`] the engine
+/// uses the extractive digest.
 #[derive(Debug, thiserror::Error)]
 pub enum SummarizerError {
     /// The summarizer did not answer in time.
@@ -43,14 +44,19 @@ pub enum SummarizerError {
     /// The model answered 2xx with something that is not a usable digest.
     #[error("summarizer answer unusable: {0}")]
     InvalidResponse(String),
+    /// Another process is summarizing this conversation right now: no digest is made
+    /// (not even the extractive one) and the request goes on with the folds it has.
+    #[error("another process is summarizing this conversation")]
+    Deferred,
 }
 
 impl SummarizerError {
-    /// The bounded failure reason (a metric label); `None` for an unclassified `Failed`.
+    /// The bounded failure reason (a metric label); `None` for an unclassified `Failed`
+    /// and for `Deferred`, which is no failure.
     pub fn reason(&self) -> Option<FailureReason> {
         match self {
             Self::Timeout => Some(FailureReason::Timeout),
-            Self::Failed(_) => None,
+            Self::Failed(_) | Self::Deferred => None,
             Self::CircuitOpen => Some(FailureReason::CircuitOpen),
             Self::Status { .. } => Some(FailureReason::Status),
             Self::Transport(_) => Some(FailureReason::Transport),

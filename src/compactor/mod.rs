@@ -5,18 +5,24 @@
 //! Knows sessions and the engine, not HTTP: the caller brings the session key, the
 //! parsed request and a summarizer bound to the client's credential.
 
+mod counts;
+mod lease;
+
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashSet;
 use futures_util::FutureExt;
 
+use self::counts::LocalCounts;
+use self::lease::Leased;
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
 use crate::config::CompactionMode;
 use crate::model::ChatRequest;
-use crate::session::{Loaded, Saved, SessionKey, SessionLocks, SessionStore};
-use crate::summarizer::Summarizer;
+use crate::session::{Loaded, Saved, SessionKey, SessionLocks, SessionStore, StoreError};
+use crate::summarizer::{ExtractiveSummarizer, Summarizer};
 
 /// What happened to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +84,31 @@ struct Inner {
     mode: CompactionMode,
     /// Sessions with a prefetch running.
     prefetching: DashSet<SessionKey>,
+    /// Token counts kept here when the store is shared with other processes.
+    counts: Option<LocalCounts>,
+    /// How long a summarization lease lasts (a summarizer call and a save).
+    lease_ttl: Duration,
+}
+
+/// How a compactor shares a conversation with other processes through its store.
+#[derive(Debug, Clone, Copy)]
+pub struct Sharing {
+    /// Local token counts are kept this long after use (`session.ttl`).
+    pub ttl: Duration,
+    /// At most this many conversations' local token counts (`session.max_sessions`).
+    pub max_sessions: usize,
+    /// A summarization lease expires after this long (at least `summarizer.timeout`).
+    pub lease_ttl: Duration,
+}
+
+impl Default for Sharing {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(3600),
+            max_sessions: 10_000,
+            lease_ttl: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Compactor {
@@ -87,9 +118,23 @@ impl Compactor {
         store: Arc<dyn SessionStore<SessionState>>,
         mode: CompactionMode,
     ) -> Self {
+        Self::sharing(engine, store, mode, Sharing::default())
+    }
+
+    /// A compactor whose store may be shared with other processes, under `sharing`.
+    pub fn sharing(
+        engine: Engine,
+        store: Arc<dyn SessionStore<SessionState>>,
+        mode: CompactionMode,
+        sharing: Sharing,
+    ) -> Self {
         let locks = SessionLocks::default();
         let prefetching = DashSet::new();
-        Self { inner: Arc::new(Inner { engine, store, locks, mode, prefetching }) }
+        let counts = store.is_shared().then(|| LocalCounts::new(sharing.ttl, sharing.max_sessions));
+        let lease_ttl = sharing.lease_ttl;
+        Self {
+            inner: Arc::new(Inner { engine, store, locks, mode, prefetching, counts, lease_ttl }),
+        }
     }
 
     /// The engine.
@@ -147,29 +192,45 @@ impl Compactor {
                 inner.store.load(&key).await
             };
             let Ok(Some(Loaded { mut state, .. })) = snapshot else { return };
-            let run =
-                inner.engine.prefetch(&request, &mut state, summarizer.as_ref(), forwarded_tokens);
-            match AssertUnwindSafe(run).catch_unwind().await {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => return,
-                Ok(Err(e)) => return tracing::warn!(error = %e, "prefetch failed"),
-                Err(panic) => {
-                    return tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed");
-                }
+            if let Some(counts) = &inner.counts {
+                state.token_cache = counts.copy(&key);
             }
-            let Some(block) = state.pending else { return };
+            // Other processes must not summarize the same range meanwhile.
+            let leased = inner.leased(summarizer.as_ref(), &key);
+            let summarizer: &dyn Summarizer = leased.as_ref().map_or(summarizer.as_ref(), |l| l);
+            let run = inner.engine.prefetch(&request, &mut state, summarizer, forwarded_tokens);
+            let result = AssertUnwindSafe(run).catch_unwind().await;
+            let Some(block) = state.pending.take() else {
+                if let Some(leased) = leased {
+                    leased.release().await;
+                }
+                return match result {
+                    Ok(Err(e)) => tracing::warn!(error = %e, "prefetch failed"),
+                    Err(panic) => {
+                        tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed");
+                    }
+                    Ok(Ok(_)) => {}
+                };
+            };
             // Keep the block unless the conversation moved past where it starts meanwhile;
             // whether it still matches the messages is checked again when it is applied.
-            let _guard = inner.locks.lock(&key).await;
-            let Ok(Some(Loaded { state: mut latest, revision })) = inner.store.load(&key).await
-            else {
-                return;
+            let guard = inner.locks.lock(&key).await;
+            let stored = match inner.store.load(&key).await {
+                Ok(Some(Loaded { state: mut latest, revision }))
+                    if latest.blocks.last().map_or(0, |b| b.end) == block.start =>
+                {
+                    latest.pending = Some(block);
+                    inner.store.save(&key, latest, revision).await
+                }
+                // The conversation moved past where the block starts meanwhile.
+                Ok(_) => Ok(Saved::Conflict),
+                Err(e) => Err(e),
             };
-            if latest.blocks.last().map_or(0, |b| b.end) != block.start {
-                return;
+            drop(guard);
+            if let Some(leased) = leased {
+                leased.release().await;
             }
-            latest.pending = Some(block);
-            match inner.store.save(&key, latest, revision).await {
+            match stored {
                 Ok(Saved::Conflict) => {}
                 Ok(Saved::Written) => {
                     tracing::debug!(session = key.as_str(), "next fold summarized ahead of need")
@@ -193,6 +254,17 @@ impl Drop for InFlight {
 }
 
 impl Inner {
+    /// `summarizer` under this conversation's lease when the store is shared and the
+    /// summarizer is a model (the extractive digest is the same everywhere: no lease).
+    fn leased<'a>(
+        &'a self,
+        summarizer: &'a dyn Summarizer,
+        key: &'a SessionKey,
+    ) -> Option<Leased<'a>> {
+        (self.store.is_shared() && summarizer.name() != ExtractiveSummarizer.name())
+            .then(|| Leased::new(summarizer, self.store.as_ref(), key, self.lease_ttl))
+    }
+
     async fn decide(
         &self,
         key: &SessionKey,
@@ -210,17 +282,37 @@ impl Inner {
                 (SessionState::default(), 0)
             }
         };
-        let run = self.engine.compact_request(request, &mut state, summarizer, options);
+        if let Some(counts) = &self.counts {
+            state.token_cache = counts.take(key);
+        }
+        let before = fingerprint(&state);
+        let leased = self.leased(summarizer, key);
+        let engine_summarizer: &dyn Summarizer = leased.as_ref().map_or(summarizer, |l| l);
+        let run = self.engine.compact_request(request, &mut state, engine_summarizer, options);
         let result = AssertUnwindSafe(run).catch_unwind().await;
+        if let Some(counts) = &self.counts {
+            counts.put(key, std::mem::take(&mut state.token_cache));
+        }
+        store_error |= leased.as_ref().is_some_and(Leased::store_error);
         let outcome = match result {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(e)) => return Decision::failed_open(e.to_string(), store_error),
-            Err(panic) => return Decision::failed_open(panic_message(panic.as_ref()), store_error),
+            Ok(Err(e)) => {
+                release(leased).await;
+                return Decision::failed_open(e.to_string(), store_error);
+            }
+            Err(panic) => {
+                release(leased).await;
+                return Decision::failed_open(panic_message(panic.as_ref()), store_error);
+            }
         };
-        if let Err(e) = self.store.save(key, state, revision).await {
-            tracing::warn!(error = %e, store = self.store.name(), "session save failed");
-            store_error = true;
+        // A shared store already refreshed the expiry on load: write only what changed.
+        if !self.store.is_shared() || fingerprint(&state) != before {
+            if let Err(e) = self.save(key, state, revision).await {
+                tracing::warn!(error = %e, store = self.store.name(), "session save failed");
+                store_error = true;
+            }
         }
+        release(leased).await;
         match outcome {
             Outcome::Unchanged { report } => Decision {
                 outcome: ChatOutcome::Passthrough,
@@ -238,6 +330,54 @@ impl Inner {
             }
         }
     }
+}
+
+impl Inner {
+    /// Saves `state` over `revision`. When another process saved meanwhile, its state
+    /// wins unless ours only adds folds after its own: a fold once stored is never lost.
+    async fn save(
+        &self,
+        key: &SessionKey,
+        state: SessionState,
+        revision: u64,
+    ) -> Result<(), StoreError> {
+        let retry = self.store.is_shared().then(|| state.clone());
+        if self.store.save(key, state, revision).await? == Saved::Written {
+            return Ok(());
+        }
+        let (Some(ours), Some(latest)) = (retry, self.store.load(key).await?) else {
+            return Ok(());
+        };
+        let extends = ours.blocks.len() > latest.state.blocks.len()
+            && ours.blocks.starts_with(&latest.state.blocks);
+        if extends {
+            let merged = SessionState { pending: ours.pending.or(latest.state.pending), ..ours };
+            self.store.save(key, merged, latest.revision).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn release(leased: Option<Leased<'_>>) {
+    if let Some(leased) = leased {
+        leased.release().await;
+    }
+}
+
+/// What of a state a save would change: its blocks and its pending block (token counts
+/// are not shared).
+fn fingerprint(state: &SessionState) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for b in state.blocks.iter().chain(state.pending.as_ref()) {
+        for n in [b.start as u64, b.end as u64, b.range_hash, b.messages.len() as u64] {
+            h.update(&n.to_le_bytes());
+        }
+        if let Some(last) = b.messages.last() {
+            h.update(last.get().as_bytes());
+        }
+    }
+    h.update(&[u8::from(state.pending.is_some())]);
+    h.digest()
 }
 
 impl Decision {
