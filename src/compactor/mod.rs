@@ -410,7 +410,7 @@ mod tests {
 
     use super::*;
     use crate::config::CompactionConfig;
-    use crate::session::{MemoryStore, StoreError};
+    use crate::session::{Lease, MemoryStore};
     use crate::summarizer::{SummarizerError, SummaryInput};
 
     /// A conversation far over a 4,000-token window.
@@ -497,5 +497,126 @@ mod tests {
         assert_eq!(decision.outcome, ChatOutcome::Compacted);
         assert!(decision.store_error);
         assert!(decision.rewritten.is_some());
+    }
+
+    /// A memory store that says it is shared, with leases another holder can take.
+    #[derive(Default)]
+    struct SharedMemory {
+        inner: Option<MemoryStore<SessionState>>,
+        leases: std::sync::Mutex<std::collections::HashSet<SessionKey>>,
+    }
+
+    impl SharedMemory {
+        fn new() -> Self {
+            Self {
+                inner: Some(MemoryStore::new(std::time::Duration::from_secs(60), 10)),
+                ..Self::default()
+            }
+        }
+        fn store(&self) -> &MemoryStore<SessionState> {
+            self.inner.as_ref().unwrap()
+        }
+    }
+
+    #[async_trait]
+    impl SessionStore<SessionState> for SharedMemory {
+        fn name(&self) -> &'static str {
+            "shared-memory"
+        }
+        fn is_shared(&self) -> bool {
+            true
+        }
+        async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<SessionState>>, StoreError> {
+            self.store().load(key).await
+        }
+        async fn save(
+            &self,
+            key: &SessionKey,
+            state: SessionState,
+            revision: u64,
+        ) -> Result<Saved, StoreError> {
+            self.store().save(key, state, revision).await
+        }
+        async fn try_lease(
+            &self,
+            key: &SessionKey,
+            _: Duration,
+        ) -> Result<Option<Lease>, StoreError> {
+            let fresh = self.leases.lock().unwrap().insert(key.clone());
+            Ok(fresh.then(|| Lease { token: "t".into() }))
+        }
+        async fn release(&self, key: &SessionKey, _: Lease) -> Result<(), StoreError> {
+            self.leases.lock().unwrap().remove(key);
+            Ok(())
+        }
+        fn active_sessions(&self) -> usize {
+            0
+        }
+    }
+
+    /// Counts its calls; answers a fixed digest.
+    #[derive(Default)]
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    #[async_trait]
+    impl Summarizer for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        async fn summarize(&self, _: SummaryInput<'_>) -> Result<String, SummarizerError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok("## Milestones\n- I read the files.".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fold_another_process_is_summarizing_is_deferred_not_duplicated() {
+        let store = Arc::new(SharedMemory::new());
+        let compactor = compactor(store.clone());
+        let key = SessionKey::from_digest("k");
+        let summarizer = Arc::new(Counting::default());
+        // Another replica holds the conversation's lease.
+        let other = store.try_lease(&key, Duration::from_secs(1)).await.unwrap().unwrap();
+        let decision =
+            compactor.decide(&key, &long_request(), summarizer.clone(), &Options::default()).await;
+        let report = decision.report.unwrap();
+        assert!(report.fold_deferred, "{report:?}");
+        assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 0, "no duplicate call");
+        assert!(report.tokens_after <= report.budget.budget, "still fits: {report:?}");
+        assert!(store.store().load(&key).await.unwrap().is_none_or(|l| l.state.blocks.is_empty()));
+        // Once the lease is free, the next request folds, once.
+        store.release(&key, other).await.unwrap();
+        let decision =
+            compactor.decide(&key, &long_request(), summarizer.clone(), &Options::default()).await;
+        assert!(!decision.report.unwrap().fold_deferred);
+        assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let stored = store.store().load(&key).await.unwrap().unwrap();
+        assert_eq!(stored.state.blocks.len(), 1);
+        assert!(stored.state.token_cache.is_empty(), "token counts stay in the process");
+        assert!(store.leases.lock().unwrap().is_empty(), "the lease was released");
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_save_keeps_the_other_writers_folds() {
+        let store = Arc::new(SharedMemory::new());
+        let compactor = compactor(store.clone());
+        let key = SessionKey::from_digest("k");
+        let decision = compactor
+            .decide(&key, &long_request(), Arc::new(Counting::default()), &Options::default())
+            .await;
+        assert_eq!(decision.outcome, ChatOutcome::Compacted);
+        let stored = store.store().load(&key).await.unwrap().unwrap();
+        // Another replica stored a state of its own meanwhile (one revision on).
+        let theirs = SessionState { blocks: Vec::new(), ..stored.state.clone() };
+        store.store().save(&key, theirs, stored.revision).await.unwrap();
+        let inner = &compactor.inner;
+        inner.save(&key, stored.state.clone(), stored.revision).await.unwrap();
+        let now = store.store().load(&key).await.unwrap().unwrap();
+        assert_eq!(now.state.blocks, stored.state.blocks, "ours only adds folds: it is kept");
+        // A state that does not extend the stored one never replaces it.
+        let other = SessionState::default();
+        inner.save(&key, other, stored.revision).await.unwrap();
+        let after = store.store().load(&key).await.unwrap().unwrap();
+        assert_eq!(after.state.blocks, stored.state.blocks);
     }
 }
