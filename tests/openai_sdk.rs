@@ -43,17 +43,26 @@ async fn the_official_python_sdk_works_through_foldgate() {
     let stats = Arc::new(ProviderStats::default());
     let mut handler = provider(stats.clone());
     // Also answer GET /v1/models for the SDK's listing call.
+    // Every answer carries the provider's request id, as OpenAI's do.
     let inner = handler.clone();
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     handler = Arc::new(move |rec: Recorded| {
-        if rec.uri.path().ends_with("/models") {
-            return Box::pin(async {
+        let n = answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let answer = if rec.uri.path().ends_with("/models") {
+            Box::pin(async {
                 response(
                     200,
                     r#"{"object":"list","data":[{"id":"gpt-4o","object":"model","created":0,"owned_by":"system"}]}"#,
                 )
-            });
-        }
-        inner(rec)
+            })
+        } else {
+            inner(rec)
+        };
+        Box::pin(async move {
+            let mut r = answer.await;
+            r.headers_mut().insert("x-request-id", format!("req_mock{n}").parse().unwrap());
+            r
+        })
     });
     let mock = MockUpstream::start(handler).await;
     let mut config = config_for(&mock.url());
@@ -83,10 +92,32 @@ async fn the_official_python_sdk_works_through_foldgate() {
     assert_eq!(lines[0]["content"], "ok");
     assert_eq!(lines[0]["outcome"], "compacted", "the SDK's request was compacted");
     assert_eq!(lines[0]["prompt_tokens"], 100);
-    assert_eq!(lines[1]["check"], "stream");
-    assert_eq!(lines[1]["content"], "ok");
-    assert_eq!(lines[1]["prompt_tokens"], 100);
-    assert_eq!(lines[2]["ids"], serde_json::json!(["gpt-4o"]));
+    assert_eq!(lines[1]["check"], "request_id");
+    assert_eq!(lines[2]["check"], "stream");
+    assert_eq!(lines[2]["content"], "ok");
+    assert_eq!(lines[2]["prompt_tokens"], 100);
+    assert_eq!(lines[3]["ids"], serde_json::json!(["gpt-4o"]));
+
+    // `_request_id` (and the streamed response's `x-request-id`) is what the provider
+    // sent, not foldgate's id; foldgate's id is the one it sent upstream.
+    let all = mock.recorded();
+    let answered_as = |i: usize| {
+        let chats: Vec<usize> = (0..all.len())
+            .filter(|&k| {
+                all[k].uri.path().ends_with("/chat/completions")
+                    && !all[k].headers.contains_key("x-foldgate-summary")
+            })
+            .collect();
+        format!("req_mock{}", chats[i])
+    };
+    assert_eq!(lines[0]["request_id"], answered_as(0).as_str());
+    assert_eq!(lines[1]["request_id"], answered_as(1).as_str());
+    assert_eq!(lines[2]["request_id"], answered_as(2).as_str());
+    let ours = lines[0]["foldgate_request_id"].as_str().unwrap();
+    assert!(
+        all.iter().any(|r| r.headers.get("x-request-id").is_some_and(|v| v == ours)),
+        "ours went upstream"
+    );
 
     // The provider received the SDK's requests with the SDK's own credential, compacted.
     let chats: Vec<Recorded> = mock
@@ -97,7 +128,7 @@ async fn the_official_python_sdk_works_through_foldgate() {
                 && !r.headers.contains_key("x-foldgate-summary")
         })
         .collect();
-    assert_eq!(chats.len(), 2);
+    assert_eq!(chats.len(), 3);
     for chat in &chats {
         assert_eq!(chat.headers["authorization"], "Bearer sk-sdk-test");
         let sent: serde_json::Value = serde_json::from_slice(&chat.body).unwrap();

@@ -186,8 +186,63 @@ async fn request_id_is_kept_when_given_and_generated_otherwise() {
     let (_, headers, _) =
         send(Request::get(proxy.url("/v1/models")).body(full(Bytes::new())).unwrap()).await;
     let generated = headers["x-request-id"].to_str().unwrap().to_owned();
-    assert_eq!(generated.len(), 32);
+    assert_eq!(generated.len(), 36, "a hyphenated UUID: {generated}");
+    assert_eq!(&generated[14..15], "7", "version 7: {generated}");
     assert_eq!(mock.recorded()[1].headers["x-request-id"], generated.as_str());
+    assert_eq!(headers["x-foldgate-request-id"], generated.as_str());
+}
+
+/// An upstream that names its answers like OpenAI does (`x-request-id: req_...`).
+fn upstream_with_request_ids() -> Handler {
+    Arc::new(|rec: Recorded| {
+        Box::pin(async move {
+            let streamed = rec.body.windows(14).any(|w| w == b"\"stream\":true");
+            let mut r = if streamed {
+                response(200, "data: {\"choices\":[]}\n\ndata: [DONE]\n\n")
+            } else {
+                response(200, r#"{"choices":[]}"#)
+            };
+            let id = format!("req_{}", rec.uri.path().len() + rec.body.len());
+            r.headers_mut().insert("x-request-id", id.parse().unwrap());
+            r
+        })
+    })
+}
+
+#[tokio::test]
+async fn the_upstreams_request_id_reaches_the_client_and_ours_is_beside_it() {
+    let mock = MockUpstream::start(upstream_with_request_ids()).await;
+    let proxy = Proxy::to(&mock.url()).await;
+    let cases = [
+        ("/v1/models", None),
+        (
+            "/v1/chat/completions",
+            Some(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#),
+        ),
+        (
+            "/v1/chat/completions",
+            Some(r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#),
+        ),
+    ];
+    for (i, (path, body)) in cases.into_iter().enumerate() {
+        let request = match body {
+            Some(b) => post(&proxy.url(path), b),
+            None => Request::get(proxy.url(path)).body(full(Bytes::new())).unwrap(),
+        };
+        let (status, headers, _) = send(request).await;
+        assert_eq!(status, StatusCode::OK);
+        let seen = &mock.recorded()[i];
+        let upstream_id = format!("req_{}", seen.uri.path().len() + seen.body.len());
+        assert_eq!(headers["x-request-id"], upstream_id.as_str(), "{path}: the upstream's id");
+        let ours = headers["x-foldgate-request-id"].to_str().unwrap();
+        assert_eq!(seen.headers["x-request-id"], ours, "{path}: ours went upstream");
+        assert_ne!(ours, upstream_id);
+    }
+    // An answer of foldgate's own carries its id in both headers.
+    let (status, headers, _) =
+        send(Request::get(proxy.url("/nowhere")).body(full(Bytes::new())).unwrap()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(headers["x-request-id"], headers["x-foldgate-request-id"]);
 }
 
 #[tokio::test]

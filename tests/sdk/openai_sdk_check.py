@@ -26,7 +26,15 @@ def main() -> int:
         "content": completion.choices[0].message.content,
         "outcome": raw.headers.get("x-foldgate-outcome"),
         "prompt_tokens": completion.usage.prompt_tokens,
+        "request_id": completion._request_id,
+        "foldgate_request_id": raw.headers.get("x-foldgate-request-id"),
     }))
+
+    # The SDK's own way to the provider's request id, on a plain call.
+    plain = client.chat.completions.create(
+        model="gpt-4o", messages=messages[:2], max_tokens=8, extra_headers=headers
+    )
+    print(json.dumps({"check": "request_id", "request_id": plain._request_id}))
 
     stream = client.chat.completions.create(
         model="gpt-4o",
@@ -42,7 +50,12 @@ def main() -> int:
             text += chunk.choices[0].delta.content
         if chunk.usage:
             usage = chunk.usage.prompt_tokens
-    print(json.dumps({"check": "stream", "content": text, "prompt_tokens": usage}))
+    print(json.dumps({
+        "check": "stream",
+        "content": text,
+        "prompt_tokens": usage,
+        "request_id": stream.response.headers.get("x-request-id"),
+    }))
 
     models = client.models.list()
     print(json.dumps({"check": "models", "ids": [m.id for m in models.data]}))

@@ -1,15 +1,21 @@
-//! `x-request-id`: taken from the request when well-formed, generated otherwise;
-//! stored in the request's extensions, sent upstream, and returned to the client.
+//! Request ids. foldgate's own id is the client's `x-request-id` when well formed, else a
+//! new UUIDv7; it is stored in the request's extensions (the access log reads it), sent
+//! upstream as `x-request-id`, and returned as `x-foldgate-request-id`. The response's
+//! `x-request-id` is the upstream's own id (OpenAI's `req_...`, which SDKs expose and
+//! support tickets ask for) when the upstream sent one, else foldgate's id.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
 use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Request, Response};
 
-/// The header name.
+/// The request id header: sent upstream with foldgate's id, returned with the upstream's.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// foldgate's own id of the request, on every response.
+pub static X_FOLDGATE_REQUEST_ID: HeaderName = HeaderName::from_static("x-foldgate-request-id");
 
 /// The request's id, in request extensions.
 #[derive(Debug, Clone)]
@@ -57,7 +63,11 @@ where
         let future = self.inner.call(request);
         Box::pin(async move {
             let mut response = future.await?;
-            response.headers_mut().insert(X_REQUEST_ID.clone(), id);
+            let headers = response.headers_mut();
+            headers.insert(X_FOLDGATE_REQUEST_ID.clone(), id.clone());
+            if !headers.contains_key(&X_REQUEST_ID) {
+                headers.insert(X_REQUEST_ID.clone(), id);
+            }
             Ok(response)
         })
     }
@@ -69,30 +79,41 @@ fn is_well_formed(value: &HeaderValue) -> bool {
     !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
 }
 
-/// 32 hex digits: a random per-process prefix (so replicas never collide) and a counter
-/// (so no request pays for a system call to the random source).
+/// A new UUIDv7 (RFC 9562), hyphenated: 48 bits of Unix milliseconds, then 74 random
+/// bits, so ids sort by time and never collide across threads, processes or replicas.
+/// The random bits come from a per-thread generator seeded once from the OS: no system
+/// call per request.
 fn generate() -> HeaderValue {
-    static PREFIX: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    HeaderValue::from_bytes(&hex_pair(prefix, n))
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let (a, b) = RANDOM.with(|state| (next(state), next(state)));
+    let high = ((millis & 0xFFFF_FFFF_FFFF) << 16) | 0x7000 | (a & 0x0FFF);
+    let low = (b & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000;
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let text = uuid::Uuid::from_u64_pair(high, low).hyphenated().encode_lower(&mut text);
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
-/// `{a:016x}{b:016x}` without going through the formatter.
-fn hex_pair(a: u64, b: u64) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    for (i, digit) in out.iter_mut().enumerate() {
-        let word = if i < 16 { a } else { b };
-        let shift = 60 - 4 * (i % 16);
-        *digit = b"0123456789abcdef"[((word >> shift) & 0xf) as usize];
-    }
-    out
+thread_local! {
+    /// splitmix64 state, seeded from the OS's random source once per thread.
+    static RANDOM: Cell<u64> = Cell::new(uuid::Uuid::new_v4().as_u64_pair().0);
+}
+
+/// splitmix64: a fast generator whose outputs are all distinct over its 2^64 period.
+fn next(state: &Cell<u64>) -> u64 {
+    let s = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+    state.set(s);
+    let mut z = s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]
@@ -100,14 +121,37 @@ mod tests {
         assert!(is_well_formed(&HeaderValue::from_static("abc-123")));
         assert!(!is_well_formed(&HeaderValue::from_static("has space")));
         assert!(!is_well_formed(&HeaderValue::from_str(&"x".repeat(200)).unwrap()));
-        let pair = hex_pair(0x0123_4567_89ab_cdef, 42);
-        assert_eq!(
-            std::str::from_utf8(&pair).unwrap(),
-            format!("{:016x}{:016x}", 0x0123_4567_89ab_cdef_u64, 42)
-        );
+    }
+
+    #[test]
+    fn generated_ids_are_well_formed_uuid_v7s() {
         let id = generate();
-        assert_eq!(id.len(), 32);
-        assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit), "{id:?}");
-        assert_ne!(generate(), generate(), "ids are unique");
+        let text = id.to_str().unwrap();
+        let uuid = uuid::Uuid::parse_str(text).unwrap();
+        assert_eq!(uuid.get_version_num(), 7, "{text}");
+        assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{text}");
+        assert_eq!(text, uuid.hyphenated().to_string(), "lowercase, hyphenated");
+        assert!(is_well_formed(&id));
+        let millis = (u64::from_str_radix(&text[..8], 16).unwrap() << 16)
+            | u64::from_str_radix(&text[9..13], 16).unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!(now.abs_diff(millis) < 5_000, "the time field is now: {millis} vs {now}");
+        assert!(!text.ends_with("0000000000000000"));
+    }
+
+    #[test]
+    fn generated_ids_are_unique_across_threads_and_ordered_by_time() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(|| (0..20_000).map(|_| generate()).collect::<Vec<_>>()))
+            .collect();
+        let mut all = HashSet::new();
+        for t in threads {
+            let ids = t.join().unwrap();
+            // Within a thread, the time field never goes back.
+            let times: Vec<&[u8]> = ids.iter().map(|id| &id.as_bytes()[..13]).collect();
+            assert!(times.windows(2).all(|w| w[0] <= w[1]));
+            all.extend(ids);
+        }
+        assert_eq!(all.len(), 80_000, "no id repeats");
     }
 }
