@@ -28,6 +28,10 @@ pub enum Route {
 impl Route {
     const COUNT: usize = 4;
 
+    /// Every route.
+    pub const ALL: [Self; Self::COUNT] =
+        [Self::ChatCompletions, Self::Passthrough, Self::Local, Self::Unknown];
+
     fn index(self) -> usize {
         match self {
             Self::ChatCompletions => 0,
@@ -54,6 +58,10 @@ pub fn status_class(status: u16) -> &'static str {
 }
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Compaction tiers as label values: 0 stored blocks only, 1 elide, 2 fold, 4 fallback
+/// (3, the goal batch, is not built yet).
+pub const TIERS: [&str; 5] = ["0", "1", "2", "3", "4"];
 
 fn status_class_index(status: u16) -> usize {
     match status {
@@ -292,10 +300,24 @@ impl Metrics {
     }
 
     /// Creates the series of every known label value at zero, so that counters of rare
-    /// events (store errors, overflow retries, summarizer failures) are exported from
-    /// start-up: `rate()` then reads 0 instead of "no data", and the first increment is
-    /// not lost to a series that did not exist at the previous scrape.
+    /// events (errors by route and status class, compactions by tier, store errors,
+    /// overflow retries, summarizer failures) are exported from start-up: `rate()` then
+    /// reads 0 instead of "no data", and the first increment is not lost to a series that
+    /// did not exist at the previous scrape. Every label set here is closed and small.
     fn with_known_labels(self) -> Self {
+        for route in Route::ALL {
+            for class in STATUS_CLASSES {
+                self.requests.with_label_values(&[route.as_str(), class]);
+            }
+        }
+        for tier in TIERS {
+            for outcome in [ChatOutcome::Compacted, ChatOutcome::Observed] {
+                self.compactions.with_label_values(&[tier, outcome.as_str()]);
+            }
+        }
+        for summarizer in ["llm", "extractive"] {
+            self.summarizer_duration.with_label_values(&[summarizer]);
+        }
         let outcomes = [
             ChatOutcome::Passthrough,
             ChatOutcome::Compacted,

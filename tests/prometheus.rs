@@ -135,6 +135,27 @@ impl PrometheusProcess {
         }
     }
 
+    /// Waits until Prometheus has scraped foldgate `n` more times than it had when called.
+    async fn await_scrapes(&self, n: u32) {
+        let scrapes = "count_over_time(foldgate_active_sessions[10m])";
+        let count = |answer: Value| {
+            answer["data"]["result"][0]["value"][1].as_str().and_then(|v| v.parse::<f64>().ok())
+        };
+        let start = count(self.query(scrapes).await).unwrap_or(0.0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if count(self.query(scrapes).await).unwrap_or(0.0) >= start + f64::from(n) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus did not scrape foldgate:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
@@ -271,21 +292,8 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // Two scrapes after the traffic, so that every rate() has two samples to work with.
+    prometheus.await_scrapes(2).await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    let after_traffic = r#"count_over_time(foldgate_requests_total{route="unknown"}[1m])"#;
-    loop {
-        let answer = prometheus.query(after_traffic).await;
-        let scrapes = answer["data"]["result"][0]["value"][1].as_str().unwrap_or("0");
-        if scrapes.parse::<f64>().unwrap_or(0.0) >= 2.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "prometheus never scraped foldgate twice:\n{}",
-            prometheus.log()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 
     let mut pending = exprs;
     let mut failures = Vec::new();
@@ -307,4 +315,60 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(failures.is_empty(), "dashboard queries without data: {failures:#?}");
+}
+
+/// The panels whose instant query returns no series, or a value that is not a number
+/// (Grafana shows "No data" or "NaN" for both), with what Prometheus answered.
+async fn panels_without_a_value(
+    prometheus: &PrometheusProcess,
+    exprs: &[(String, String)],
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (title, expr) in exprs {
+        let answer = prometheus.query(expr).await;
+        assert_eq!(answer["status"], "success", "{title}: {expr}: {answer}");
+        let result = answer["data"]["result"].as_array().cloned().unwrap_or_default();
+        let numbers = result.iter().all(|series| {
+            series["value"][1]
+                .as_str()
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some_and(f64::is_finite)
+        });
+        if result.is_empty() || !numbers {
+            failures.push(format!("{title}: {expr} -> {}", answer["data"]["result"]));
+        }
+    }
+    failures
+}
+
+/// A healthy proxy shows a number on every panel: before any traffic, and after ordinary,
+/// error-free traffic that compacts nothing (a passthrough GET, a small chat request, a
+/// small streamed one). Series of events that have not happened yet are exported at zero
+/// or the query falls back to a neutral value; "No data" would read as broken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_healthy_proxy_shows_a_number_on_every_panel() {
+    if !have("prometheus") {
+        return;
+    }
+    let exprs = dashboard_exprs();
+    let mock = MockUpstream::start(provider()).await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let prometheus = PrometheusProcess::start(proxy.addr).await;
+
+    prometheus.await_scrapes(2).await;
+    let fresh = panels_without_a_value(&prometheus, &exprs).await;
+    assert!(fresh.is_empty(), "panels without a value before any traffic: {fresh:#?}");
+
+    let (status, _, _) = send(Request::get(proxy.url("/v1/models")).body(full("")).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    let plain = requests(&conversation(2, 0), &[]).pop().unwrap();
+    let streamed = requests(&conversation(2, 0), &[("stream", json!(true))]).pop().unwrap();
+    let h = chat(&proxy, plain, &[("x-session-id", "plain")]).await;
+    assert_eq!(h["x-foldgate-outcome"], "passthrough");
+    let h = chat(&proxy, streamed, &[("x-session-id", "stream")]).await;
+    assert_eq!(h["content-type"], "text/event-stream");
+
+    prometheus.await_scrapes(2).await;
+    let after = panels_without_a_value(&prometheus, &exprs).await;
+    assert!(after.is_empty(), "panels without a value after error-free traffic: {after:#?}");
 }

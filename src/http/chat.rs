@@ -18,7 +18,7 @@ use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped;
 use crate::compaction::{Options, Report};
 use crate::compactor::{ChatOutcome, Compactor, Decision};
-use crate::metrics::{Metrics, Route, model_label};
+use crate::metrics::{Metrics, Route, TIERS, model_label};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
 use crate::summarizer::llm::{Credential, LlmSummarizer, SUMMARY_HEADER};
@@ -183,9 +183,6 @@ fn record(metrics: &Metrics, chat: &ChatState, decision: &Decision, model: &'sta
         metrics.artifact_recall.observe(recall);
     }
 }
-
-/// Tier numbers as label values (3, goal batch, is not built yet).
-const TIERS: [&str; 5] = ["0", "1", "2", "3", "4"];
 
 /// A summarizer whose calls are timed and whose failures are counted.
 struct Timed {
