@@ -9,12 +9,15 @@ use http::HeaderName;
 
 use crate::compaction::{Engine, SessionState};
 use crate::compactor::{Compactor, Sharing};
-use crate::config::{Config, SummarizerKind};
+use crate::config::{Config, StoreKind, SummarizerKind};
 use crate::http::Server;
 use crate::http::chat::{ChatState, Summarizers};
 use crate::http::server::{Listeners, ServerError};
-use crate::metrics::Metrics;
-use crate::session::{MemoryStore, SessionStore};
+use crate::metrics::{Metrics, StoreOp};
+use crate::session::{
+    MemoryStore, Observed, Operation, RedisOptions, RedisStore, SessionStore,
+    redis::RedisSetupError,
+};
 use crate::summarizer::llm::LlmSummarizer;
 
 /// Why the proxy could not be assembled.
@@ -29,6 +32,9 @@ pub enum AppError {
     /// The LLM summarizer could not be built.
     #[error(transparent)]
     Summarizer(#[from] crate::summarizer::llm::LlmSetupError),
+    /// The Redis session store could not be set up.
+    #[error(transparent)]
+    Redis(#[from] RedisSetupError),
     /// `session.header` is not a header name.
     #[error("session.header: {0}")]
     SessionHeader(String),
@@ -50,8 +56,8 @@ fn build_pipeline(
     config: &Config,
     compaction_runtime: Option<tokio::runtime::Handle>,
 ) -> Result<(ChatState, Arc<Metrics>), AppError> {
-    let store: Arc<dyn SessionStore<SessionState>> =
-        Arc::new(MemoryStore::new(config.session.ttl, config.session.max_sessions));
+    let metrics = Arc::new(Metrics::new()?);
+    let store = session_store(config, &metrics)?;
     let summarizers = match config.summarizer.kind {
         SummarizerKind::Extractive => Summarizers::Extractive,
         SummarizerKind::Llm => {
@@ -77,7 +83,38 @@ fn build_pipeline(
         enabled: config.compaction.enabled,
         compaction_runtime,
     };
-    Ok((chat, Arc::new(Metrics::new()?)))
+    Ok((chat, metrics))
+}
+
+/// The configured session store, each operation timed into `metrics`.
+fn session_store(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<dyn SessionStore<SessionState>>, AppError> {
+    let session = &config.session;
+    let store: Arc<dyn SessionStore<SessionState>> = match session.store {
+        StoreKind::Memory => Arc::new(MemoryStore::new(session.ttl, session.max_sessions)),
+        StoreKind::Redis => Arc::new(RedisStore::new(&RedisOptions {
+            url: session.redis_url.expose().to_owned(),
+            key_prefix: session.redis_key_prefix.clone(),
+            ttl: session.ttl,
+            timeout: session.redis_timeout,
+            max_sessions: session.max_sessions,
+        })?),
+    };
+    let metrics = metrics.clone();
+    Ok(Arc::new(Observed::new(
+        store,
+        Box::new(move |op, elapsed, failed| {
+            let op = match op {
+                Operation::Load => StoreOp::Load,
+                Operation::Save => StoreOp::Save,
+                Operation::Lease => StoreOp::Lease,
+                Operation::Release => StoreOp::Release,
+            };
+            metrics.observe_store(op, elapsed, failed);
+        }),
+    )))
 }
 
 /// Runs the proxy until SIGTERM/SIGINT; exit code 0 after a graceful shutdown.

@@ -59,6 +59,38 @@ pub fn status_class(status: u16) -> &'static str {
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
+/// A session store operation, the `op` label of the store metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    /// Reading a conversation's state.
+    Load,
+    /// Writing it (a conditional save).
+    Save,
+    /// Taking a summarization lease.
+    Lease,
+    /// Giving a lease back.
+    Release,
+}
+
+impl StoreOp {
+    /// Every operation.
+    pub const ALL: [Self; 4] = [Self::Load, Self::Save, Self::Lease, Self::Release];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Load => "load",
+            Self::Save => "save",
+            Self::Lease => "lease",
+            Self::Release => "release",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Compaction tiers as label values: 0 stored blocks only, 1 elide, 2 fold, 4 fallback
 /// (3, the goal batch, is not built yet).
 pub const TIERS: [&str; 5] = ["0", "1", "2", "3", "4"];
@@ -81,6 +113,8 @@ struct PerRequest {
     requests: [[OnceLock<IntCounter>; STATUS_CLASSES.len()]; Route::COUNT],
     upstream_ttfb: [OnceLock<Histogram>; Route::COUNT],
     proxy_overhead: [OnceLock<Histogram>; Route::COUNT],
+    store_duration: [OnceLock<Histogram>; StoreOp::ALL.len()],
+    store_errors: [OnceLock<IntCounter>; StoreOp::ALL.len()],
 }
 
 /// Model families reported as themselves; everything else is `other`.
@@ -163,8 +197,10 @@ pub struct Metrics {
     pub upstream_usage_tokens: IntCounterVec,
     /// Conversations held by the session store.
     pub active_sessions: IntGauge,
-    /// Session store failures (`access`: a load or a save failed).
+    /// Session store failures, by operation (`load`, `save`, `lease`, `release`).
     pub store_errors: IntCounterVec,
+    /// Duration of session store operations, failed ones included, by operation.
+    pub store_duration: HistogramVec,
     /// Retries after a context-length error, by result (`retried`, `nothing_to_compact`).
     pub overflow_retries: IntCounterVec,
     per_request: PerRequest,
@@ -177,6 +213,8 @@ pub struct MetricsError(#[from] prometheus::Error);
 
 const LATENCY_BUCKETS: [f64; 14] =
     [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const STORE_BUCKETS: [f64; 12] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 const SLOW_BUCKETS: [f64; 12] =
     [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
 const RATIO_BUCKETS: [f64; 11] = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -285,8 +323,14 @@ impl Metrics {
             active_sessions,
             store_errors: counter(
                 "session_store_errors_total",
-                "Session store failures by operation.",
+                "Session store failures by operation; the request went on without stored state.",
                 &["op"],
+            )?,
+            store_duration: histogram(
+                "session_store_duration_seconds",
+                "Duration of session store operations (failed ones included), by operation.",
+                &["op"],
+                &STORE_BUCKETS,
             )?,
             overflow_retries: counter(
                 "overflow_retries_total",
@@ -335,7 +379,10 @@ impl Metrics {
         for result in ["retried", "nothing_to_compact"] {
             self.overflow_retries.with_label_values(&[result]);
         }
-        self.store_errors.with_label_values(&["access"]);
+        for op in StoreOp::ALL {
+            self.store_errors.with_label_values(&[op.as_str()]);
+            self.store_duration.with_label_values(&[op.as_str()]);
+        }
         self
     }
 
@@ -370,6 +417,19 @@ impl Metrics {
         self.per_request.proxy_overhead[route.index()]
             .get_or_init(|| self.proxy_overhead.with_label_values(&[route.as_str()]))
             .observe(seconds);
+    }
+
+    /// Records one session store operation: its duration, and whether it failed.
+    pub fn observe_store(&self, op: StoreOp, elapsed: std::time::Duration, failed: bool) {
+        let per = &self.per_request;
+        per.store_duration[op.index()]
+            .get_or_init(|| self.store_duration.with_label_values(&[op.as_str()]))
+            .observe(elapsed.as_secs_f64());
+        if failed {
+            per.store_errors[op.index()]
+                .get_or_init(|| self.store_errors.with_label_values(&[op.as_str()]))
+                .inc();
+        }
     }
 }
 

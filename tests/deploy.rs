@@ -19,8 +19,11 @@ fn yaml(path: &str) -> Value {
     serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// The compose file with its `<<:` merge keys applied, as compose reads it.
 fn compose() -> Value {
-    yaml("docker-compose.yml")
+    let mut compose = yaml("docker-compose.yml");
+    compose.apply_merge().unwrap();
+    compose
 }
 
 fn service<'a>(compose: &'a Value, name: &str) -> &'a Value {
@@ -44,7 +47,9 @@ fn every_service_has_an_image_or_a_build_and_every_mount_exists() {
     let compose = compose();
     let services = compose["services"].as_mapping().unwrap();
     let names: Vec<&str> = services.keys().map(|k| k.as_str().unwrap()).collect();
-    for expected in ["foldgate", "redis", "prometheus", "grafana"] {
+    for expected in
+        ["foldgate", "redis", "prometheus", "grafana", "foldgate-a", "foldgate-b", "balancer"]
+    {
         assert!(names.contains(&expected), "no {expected} service in {names:?}");
     }
     for (name, service) in services {
@@ -70,6 +75,29 @@ fn every_service_has_an_image_or_a_build_and_every_mount_exists() {
     assert_eq!(ports("foldgate"), ["8080:8080"]);
     assert_eq!(ports("prometheus"), ["9090:9090"]);
     assert_eq!(ports("grafana"), ["3000:3000"]);
+    assert_eq!(ports("balancer"), ["8081:8081"]);
+}
+
+#[test]
+fn replicas_share_the_one_redis_behind_a_round_robin_balancer() {
+    let compose = compose();
+    for name in ["foldgate", "foldgate-a", "foldgate-b"] {
+        let env = &service(&compose, name)["environment"];
+        assert_eq!(env["FOLDGATE_SESSION__STORE"].as_str(), Some("redis"), "{name}");
+        let url = default_of(env["FOLDGATE_SESSION__REDIS_URL"].as_str().unwrap());
+        assert_eq!(url, "redis://redis:6379", "{name}");
+        assert!(strings(&service(&compose, name)["depends_on"]).contains(&"redis".to_owned()));
+    }
+    for name in ["foldgate-a", "foldgate-b", "balancer"] {
+        assert_eq!(strings(&service(&compose, name)["profiles"]), ["replicas"], "{name}");
+    }
+    let nginx = std::fs::read_to_string(repo("config/nginx-replicas.conf")).unwrap();
+    for line in ["server foldgate-a:8080;", "server foldgate-b:8080;", "listen 8081;"] {
+        assert!(nginx.contains(line), "config/nginx-replicas.conf lacks `{line}`");
+    }
+    let prometheus = yaml("config/prometheus.yml");
+    let targets = strings(&prometheus["scrape_configs"][0]["static_configs"][0]["targets"]);
+    assert_eq!(targets, ["foldgate:8080", "foldgate-a:8080", "foldgate-b:8080"]);
 }
 
 #[test]
@@ -129,7 +157,7 @@ fn prometheus_scrapes_foldgate_and_grafana_reads_prometheus_and_the_dashboards()
     let job = &prometheus["scrape_configs"][0];
     assert_eq!(job["job_name"].as_str(), Some("foldgate"));
     assert_eq!(job["scrape_interval"].as_str(), Some("15s"));
-    assert_eq!(strings(&job["static_configs"][0]["targets"]), ["foldgate:8080"]);
+    assert!(strings(&job["static_configs"][0]["targets"]).contains(&"foldgate:8080".to_owned()));
     assert!(
         strings(&service(&compose, "prometheus")["volumes"])
             .contains(&"./config/prometheus.yml:/etc/prometheus/prometheus.yml:ro".to_owned())

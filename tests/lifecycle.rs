@@ -37,6 +37,41 @@ fn check_config_prints_the_effective_configuration() {
 }
 
 #[test]
+fn check_config_masks_the_redis_password_and_rejects_a_missing_url() {
+    let out = foldgate(
+        &["check-config"],
+        &[
+            ("FOLDGATE_SESSION__STORE", "redis"),
+            ("FOLDGATE_SESSION__REDIS_URL", "rediss://app:hunter2@cache.internal:6380/1"),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("hunter2"), "the password is printed: {text}");
+    let parsed: toml::Table = text.parse().unwrap();
+    assert_eq!(parsed["session"]["store"].as_str(), Some("redis"));
+    assert_eq!(
+        parsed["session"]["redis_url"].as_str(),
+        Some("rediss://app:********@cache.internal:6380/1")
+    );
+
+    for (url, expected) in [("", "is required"), ("http://u:hunter2@h:1", "scheme `http`")] {
+        let out = foldgate(
+            &["check-config"],
+            &[("FOLDGATE_SESSION__STORE", "redis"), ("FOLDGATE_SESSION__REDIS_URL", url)],
+        )
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("session.redis_url") && stderr.contains(expected), "{stderr}");
+        assert!(!stderr.contains("hunter2"), "the password is printed: {stderr}");
+    }
+}
+
+#[test]
 fn check_config_accepts_the_shipped_file() {
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config/foldgate.toml");
     let out = foldgate(&["check-config", "--config", shipped], &[]).output().unwrap();

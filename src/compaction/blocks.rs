@@ -59,7 +59,9 @@ impl FoldBlock {
 pub struct SessionState {
     /// Fold blocks, contiguous from message 0, oldest first.
     pub blocks: Vec<FoldBlock>,
-    /// Token counts of messages seen before.
+    /// Token counts of messages seen before; never serialized (recomputable, and the
+    /// largest part of a state).
+    #[serde(skip)]
     pub token_cache: TokenCache,
     /// A fold block summarized ahead of need (prefetch). It is applied only once a request
     /// needs compaction and it still continues `blocks`; until then requests stay unchanged.

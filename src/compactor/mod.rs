@@ -21,8 +21,16 @@ use self::lease::Leased;
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
 use crate::config::CompactionMode;
 use crate::model::ChatRequest;
-use crate::session::{Loaded, Saved, SessionKey, SessionLocks, SessionStore, StoreError};
+use crate::session::{
+    Loaded, Saved, SessionKey, SessionLocks, SessionStore, StoreError, StoredState,
+};
 use crate::summarizer::{ExtractiveSummarizer, Summarizer};
+
+/// Version 1: fold blocks and the pending block as `compaction::SessionState` serializes
+/// them (token counts are never stored). Bump on any change of that layout.
+impl StoredState for SessionState {
+    const SCHEMA_VERSION: u32 = 1;
+}
 
 /// What happened to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

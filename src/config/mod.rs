@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
-pub use secret::Secret;
-pub use session::{SessionConfig, SummarizerConfig, SummarizerKind};
+pub use secret::{Secret, SecretUrl};
+pub use session::{SessionConfig, StoreKind, SummarizerConfig, SummarizerKind};
 
 /// The shipped configuration file, every option with its default.
 pub const DEFAULT_CONFIG_TOML: &str = include_str!("../../config/foldgate.toml");

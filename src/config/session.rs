@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Secret;
+use super::{Secret, SecretUrl};
 
 /// `[session]`: how requests are grouped into conversations and how long state is kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,6 +17,28 @@ pub struct SessionConfig {
     pub ttl: Duration,
     /// At most this many conversations are kept; the least recently used go first.
     pub max_sessions: usize,
+    /// Where conversation state lives: `memory` (this process) or `redis` (shared by
+    /// every replica that uses the same Redis or Valkey).
+    pub store: StoreKind,
+    /// The Redis server when `store = "redis"`: `redis://[user:password@]host:port/db`,
+    /// `rediss://` for TLS, `unix:///path/to/socket`. Printed with the password masked.
+    pub redis_url: SecretUrl,
+    /// Prefix of every key foldgate writes to Redis.
+    pub redis_key_prefix: String,
+    /// Time allowed for one Redis operation; past it the request goes on without stored
+    /// state (and the failure is counted).
+    #[serde(with = "humantime_serde")]
+    pub redis_timeout: Duration,
+}
+
+/// Where conversation state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// In this process: each replica keeps its own conversations.
+    Memory,
+    /// In Redis (or Valkey): replicas share conversations.
+    Redis,
 }
 
 impl Default for SessionConfig {
@@ -25,6 +47,10 @@ impl Default for SessionConfig {
             header: "x-session-id".to_owned(),
             ttl: Duration::from_secs(3600),
             max_sessions: 10_000,
+            store: StoreKind::Memory,
+            redis_url: SecretUrl::default(),
+            redis_key_prefix: "foldgate:".to_owned(),
+            redis_timeout: Duration::from_millis(200),
         }
     }
 }
@@ -83,11 +109,19 @@ impl Default for SummarizerConfig {
 
 impl SessionConfig {
     pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
-        if http_header_name_is_valid(&self.header) {
-            Ok(())
-        } else {
-            Err(("session.header", format!("`{}` is not a valid header name", self.header)))
+        if !http_header_name_is_valid(&self.header) {
+            return Err((
+                "session.header",
+                format!("`{}` is not a valid header name", self.header),
+            ));
         }
+        if self.redis_timeout.is_zero() {
+            return Err(("session.redis_timeout", "must be greater than 0".to_owned()));
+        }
+        if self.store == StoreKind::Redis || !self.redis_url.is_empty() {
+            validate_redis_url(&self.redis_url).map_err(|m| ("session.redis_url", m))?;
+        }
+        Ok(())
     }
 }
 
@@ -115,4 +149,33 @@ fn http_header_name_is_valid(name: &str) -> bool {
         && name.bytes().all(|b| {
             b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
         })
+}
+
+/// Checks that `url` is a Redis URL the client accepts; messages show it masked.
+fn validate_redis_url(url: &SecretUrl) -> Result<(), String> {
+    if url.is_empty() {
+        return Err(
+            "is required when session.store is \"redis\" (e.g. redis://127.0.0.1:6379)".to_owned()
+        );
+    }
+    let parsed =
+        url::Url::parse(url.expose()).map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
+    match parsed.scheme() {
+        "redis" | "rediss" | "valkey" | "valkeys" => {
+            if parsed.host_str().is_none_or(str::is_empty) {
+                return Err(format!("`{url}` has no host"));
+            }
+        }
+        "unix" | "redis+unix" | "valkey+unix" => {
+            if parsed.path().is_empty() || parsed.path() == "/" {
+                return Err(format!("`{url}` has no socket path"));
+            }
+        }
+        other => {
+            return Err(format!(
+                "`{url}`: scheme `{other}` is not one of redis, rediss, valkey, valkeys, unix"
+            ));
+        }
+    }
+    Ok(())
 }

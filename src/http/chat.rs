@@ -165,9 +165,6 @@ fn record(metrics: &Metrics, chat: &ChatState, decision: &Decision, model: &'sta
     metrics
         .active_sessions
         .set(i64::try_from(chat.compactor.store().active_sessions()).unwrap_or(i64::MAX));
-    if decision.store_error {
-        metrics.store_errors.with_label_values(&["access"]).inc();
-    }
     let Some(report) = &decision.report else { return };
     let before = report.tokens_before as u64;
     let forwarded = if decision.rewritten.is_some() { report.tokens_after as u64 } else { before };

@@ -7,6 +7,8 @@
 
 pub mod locks;
 pub mod memory;
+pub mod observed;
+pub mod redis;
 
 use std::time::Duration;
 
@@ -14,6 +16,16 @@ use async_trait::async_trait;
 
 pub use locks::{SessionGuard, SessionLocks};
 pub use memory::MemoryStore;
+pub use observed::{Observed, Operation};
+pub use redis::{RedisOptions, RedisStore};
+
+/// State a store that serializes (Redis) can keep: JSON with a schema version, so that
+/// processes of two releases never misread each other's values.
+pub trait StoredState: serde::Serialize + serde::de::DeserializeOwned + Default {
+    /// Layout version of the serialized state; bump it on any change an older release
+    /// could misread (a value of another version is ignored, never decoded).
+    const SCHEMA_VERSION: u32;
+}
 
 /// A conversation's key: a hex digest scoped by tenant (see `http::session_key`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 pub mod agent;
+pub mod redis_server;
 pub mod sessions;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

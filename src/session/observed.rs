@@ -1,0 +1,125 @@
+//! A store whose every operation is timed and reported, so that the metrics see each
+//! load, save and lease of whichever backend is configured.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{Lease, Loaded, Saved, SessionKey, SessionStore, StoreError};
+
+/// A store operation, as reported to the observer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// [`SessionStore::load`].
+    Load,
+    /// [`SessionStore::save`].
+    Save,
+    /// [`SessionStore::try_lease`].
+    Lease,
+    /// [`SessionStore::release`].
+    Release,
+}
+
+/// Receives the duration of each operation and whether it failed.
+pub type Observer = Box<dyn Fn(Operation, Duration, bool) + Send + Sync>;
+
+/// Wraps a store and reports each of its operations to an observer.
+pub struct Observed<S> {
+    inner: Arc<dyn SessionStore<S>>,
+    observer: Observer,
+}
+
+impl<S> Observed<S> {
+    /// `inner`, reporting to `observer`.
+    pub fn new(inner: Arc<dyn SessionStore<S>>, observer: Observer) -> Self {
+        Self { inner, observer }
+    }
+
+    fn report<T>(&self, op: Operation, started: Instant, result: &Result<T, StoreError>) {
+        (self.observer)(op, started.elapsed(), result.is_err());
+    }
+}
+
+#[async_trait]
+impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn is_shared(&self) -> bool {
+        self.inner.is_shared()
+    }
+
+    async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<S>>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.load(key).await;
+        self.report(Operation::Load, started, &result);
+        result
+    }
+
+    async fn save(&self, key: &SessionKey, state: S, revision: u64) -> Result<Saved, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.save(key, state, revision).await;
+        self.report(Operation::Save, started, &result);
+        result
+    }
+
+    async fn try_lease(
+        &self,
+        key: &SessionKey,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.try_lease(key, ttl).await;
+        self.report(Operation::Lease, started, &result);
+        result
+    }
+
+    async fn release(&self, key: &SessionKey, lease: Lease) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.inner.release(key, lease).await;
+        self.report(Operation::Release, started, &result);
+        result
+    }
+
+    fn active_sessions(&self) -> usize {
+        self.inner.active_sessions()
+    }
+
+    fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::session::MemoryStore;
+
+    #[tokio::test]
+    async fn every_operation_is_reported() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let store = Observed::new(
+            Arc::new(MemoryStore::<u32>::new(Duration::from_secs(60), 10)),
+            Box::new(move |op, _, failed| log.lock().unwrap().push((op, failed))),
+        );
+        let key = SessionKey::from_digest("k");
+        store.save(&key, 1, 0).await.unwrap();
+        store.load(&key).await.unwrap();
+        let lease = store.try_lease(&key, Duration::from_secs(1)).await.unwrap().unwrap();
+        store.release(&key, lease).await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                (Operation::Save, false),
+                (Operation::Load, false),
+                (Operation::Lease, false),
+                (Operation::Release, false)
+            ]
+        );
+    }
+}

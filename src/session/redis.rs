@@ -1,0 +1,295 @@
+//! The shared store: conversation state in Redis (or Valkey), so that several foldgate
+//! processes behind a load balancer fold a conversation as one process would.
+//!
+//! Client: the `redis` crate (redis-rs), the maintained Rust client for Redis and
+//! Valkey. Its `ConnectionManager` multiplexes every request over one connection, is
+//! created without connecting (so foldgate starts while Redis is down) and reconnects by
+//! itself after Redis restarts; it speaks TLS (`rediss://`) through rustls, which the
+//! proxy already uses.
+//!
+//! Layout, per conversation (`<p>` is the key prefix, `<key>` the tenant-scoped hash,
+//! never a raw session id or credential):
+//! - `<p>s:<key>`: a hash of `v` (schema version of the state), `rev` (revision, one
+//!   more on every save) and `state` (the state as JSON); it expires `ttl` after last use.
+//! - `<p>l:<key>`: the summarization lease, a random token that expires by itself.
+//!
+//! A save is one Lua script, a compare-and-swap on `rev`: it writes only if nobody saved
+//! since the revision the writer loaded, so concurrent replicas never lose each other's
+//! folds unseen. A value of another schema version (a replica of another release) reads
+//! as absent and counts as revision 0: it is never decoded, and the next save replaces
+//! it.
+//!
+//! Redis unreachable or slow: every operation gives up after `timeout` and the request
+//! goes on without stored state. After a failure the store answers "unavailable" at once,
+//! without trying Redis, while a background probe pings it every [`PROBE_INTERVAL`];
+//! the first answered ping ends the outage. So an outage costs only the requests that
+//! find it one timeout each, and sharing resumes by itself once Redis is back.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use async_trait::async_trait;
+use dashmap::DashMap;
+
+use super::{Lease, Loaded, Saved, SessionKey, SessionStore, StoreError, StoredState};
+
+/// How often an unreachable Redis is pinged until it answers again.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Compare-and-swap save. KEYS[1] the session hash; ARGV: schema version, expected
+/// revision, state, ttl in milliseconds. Returns the new revision, or -1 on conflict.
+const SAVE: &str = r"
+local stored = redis.call('HMGET', KEYS[1], 'v', 'rev')
+local rev = tonumber(stored[2]) or 0
+local current = rev
+if stored[1] ~= ARGV[1] then current = 0 end
+if current ~= tonumber(ARGV[2]) then return -1 end
+redis.call('HSET', KEYS[1], 'v', ARGV[1], 'rev', rev + 1, 'state', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return rev + 1
+";
+
+/// Deletes KEYS[1] if it still holds ARGV[1] (a lease is released only by its holder).
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// Where the Redis store connects and how it keeps keys.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://`, `rediss://`, `valkey://` or `unix://` URL (may carry a password).
+    pub url: String,
+    /// Prefix of every key.
+    pub key_prefix: String,
+    /// State of a conversation not used for this long expires.
+    pub ttl: Duration,
+    /// Time allowed for one operation.
+    pub timeout: Duration,
+    /// At most this many recently seen conversations are counted locally (the gauge).
+    pub max_sessions: usize,
+}
+
+/// Why the Redis store could not be created.
+#[derive(Debug, thiserror::Error)]
+#[error("session.redis_url: {0}")]
+pub struct RedisSetupError(String);
+
+/// Conversation state in Redis, shared by every process using the same server and prefix.
+pub struct RedisStore<S> {
+    conn: ConnectionManager,
+    prefix: String,
+    ttl_ms: u64,
+    timeout: Duration,
+    save_script: ::redis::Script,
+    release_script: ::redis::Script,
+    /// Set while Redis is unreachable (operations fail at once; a probe runs).
+    down: Arc<AtomicBool>,
+    seen: Seen,
+    state: PhantomData<fn() -> S>,
+}
+
+impl<S> RedisStore<S> {
+    /// A store for `options`; connects on first use. Must be called inside a tokio
+    /// runtime, which then drives the connection.
+    pub fn new(options: &RedisOptions) -> Result<Self, RedisSetupError> {
+        let client = ::redis::Client::open(options.url.as_str())
+            // The client's message may quote the URL: name the problem only.
+            .map_err(|e| RedisSetupError(format!("invalid Redis URL ({:?})", e.kind())))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.timeout.max(Duration::from_secs(1))))
+            .set_response_timeout(Some(options.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(PROBE_INTERVAL);
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| RedisSetupError(format!("cannot set up the client ({:?})", e.kind())))?;
+        Ok(Self {
+            conn,
+            prefix: options.key_prefix.clone(),
+            ttl_ms: u64::try_from(options.ttl.as_millis()).unwrap_or(u64::MAX).max(1),
+            timeout: options.timeout,
+            save_script: ::redis::Script::new(SAVE),
+            release_script: ::redis::Script::new(RELEASE),
+            down: Arc::new(AtomicBool::new(false)),
+            seen: Seen::new(options.ttl, options.max_sessions),
+            state: PhantomData,
+        })
+    }
+
+    fn state_key(&self, key: &SessionKey) -> String {
+        format!("{}s:{}", self.prefix, key.as_str())
+    }
+
+    fn lease_key(&self, key: &SessionKey) -> String {
+        format!("{}l:{}", self.prefix, key.as_str())
+    }
+
+    /// Runs one Redis operation within the timeout, or fails at once while Redis is
+    /// known to be down.
+    async fn run<T>(
+        &self,
+        op: impl std::future::Future<Output = ::redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable("Redis is unreachable; probing".into()));
+        }
+        let message = match tokio::time::timeout(self.timeout, op).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => describe(&e),
+            Err(_) => format!("no answer within {:?}", self.timeout),
+        };
+        if !self.down.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %message, "session store: Redis failed; requests go on without stored state until it answers again");
+            tokio::spawn(probe(self.conn.clone(), Arc::downgrade(&self.down), self.timeout));
+        }
+        Err(StoreError::Unavailable(message))
+    }
+}
+
+/// Pings Redis every [`PROBE_INTERVAL`] until it answers, then ends the outage. A ping
+/// also makes the connection manager reconnect. Ends when the store is dropped.
+async fn probe(mut conn: ConnectionManager, down: Weak<AtomicBool>, timeout: Duration) {
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        let Some(flag) = down.upgrade() else { return };
+        let ping = ::redis::cmd("PING");
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(timeout, ping.query_async::<String>(&mut conn)).await
+        {
+            flag.store(false, Ordering::Relaxed);
+            tracing::info!("session store: Redis answers again; conversations are shared");
+            return;
+        }
+    }
+}
+
+/// A Redis error without anything that could quote the URL or a value.
+fn describe(e: &::redis::RedisError) -> String {
+    if e.is_timeout() {
+        "timed out".to_owned()
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        "connection failed".to_owned()
+    } else {
+        format!("{:?}", e.kind())
+    }
+}
+
+#[async_trait]
+impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<S>>, StoreError> {
+        let state_key = self.state_key(key);
+        let mut conn = self.conn.clone();
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("HMGET").arg(&state_key).arg("v").arg("rev").arg("state");
+        pipe.cmd("PEXPIRE").arg(&state_key).arg(self.ttl_ms).ignore();
+        let ((version, revision, state),): ((Option<String>, Option<u64>, Option<Vec<u8>>),) =
+            self.run(pipe.query_async(&mut conn)).await?;
+        self.seen.touch(key);
+        let (Some(version), Some(revision), Some(state)) = (version, revision, state) else {
+            return Ok(None);
+        };
+        if version != S::SCHEMA_VERSION.to_string() {
+            tracing::debug!(
+                session = key.as_str(),
+                stored = version,
+                ours = S::SCHEMA_VERSION,
+                "stored state of another schema version ignored"
+            );
+            return Ok(None);
+        }
+        match serde_json::from_slice::<S>(&state) {
+            Ok(state) => Ok(Some(Loaded { state, revision })),
+            Err(e) => {
+                // Replaced by the next save (its revision is passed on), never trusted.
+                tracing::warn!(session = key.as_str(), error = %e, "stored session state is unreadable; starting afresh");
+                Ok(Some(Loaded { state: S::default(), revision }))
+            }
+        }
+    }
+
+    async fn save(&self, key: &SessionKey, state: S, revision: u64) -> Result<Saved, StoreError> {
+        let json = serde_json::to_vec(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut conn = self.conn.clone();
+        let mut invocation = self.save_script.key(self.state_key(key));
+        invocation.arg(S::SCHEMA_VERSION).arg(revision).arg(json).arg(self.ttl_ms);
+        let written: i64 = self.run(invocation.invoke_async(&mut conn)).await?;
+        self.seen.touch(key);
+        Ok(if written < 0 { Saved::Conflict } else { Saved::Written })
+    }
+
+    async fn try_lease(
+        &self,
+        key: &SessionKey,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let mut conn = self.conn.clone();
+        let mut cmd = ::redis::cmd("SET");
+        cmd.arg(self.lease_key(key)).arg(&token).arg("NX").arg("PX").arg(ttl_ms);
+        let taken: Option<String> = self.run(cmd.query_async(&mut conn)).await?;
+        Ok(taken.map(|_| Lease { token }))
+    }
+
+    async fn release(&self, key: &SessionKey, lease: Lease) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.release_script.key(self.lease_key(key));
+        invocation.arg(lease.token);
+        let _: i64 = self.run(invocation.invoke_async(&mut conn)).await?;
+        Ok(())
+    }
+
+    fn active_sessions(&self) -> usize {
+        self.seen.len()
+    }
+
+    fn sweep(&self) -> usize {
+        self.seen.sweep()
+    }
+}
+
+/// The conversations this process used lately, for the active-sessions gauge (Redis
+/// holds the state; counting its keys would cost a scan).
+struct Seen {
+    map: DashMap<SessionKey, Instant>,
+    ttl: Duration,
+    max: usize,
+}
+
+impl Seen {
+    fn new(ttl: Duration, max: usize) -> Self {
+        Self { map: DashMap::new(), ttl, max: max.max(1) }
+    }
+
+    fn touch(&self, key: &SessionKey) {
+        if self.map.len() >= self.max && !self.map.contains_key(key) {
+            self.sweep();
+            if self.map.len() >= self.max {
+                return;
+            }
+        }
+        self.map.insert(key.clone(), Instant::now());
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn sweep(&self) -> usize {
+        let before = self.map.len();
+        let now = Instant::now();
+        self.map.retain(|_, seen| now.duration_since(*seen) < self.ttl);
+        before.saturating_sub(self.map.len())
+    }
+}

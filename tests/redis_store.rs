@@ -1,0 +1,377 @@
+//! Shared sessions on a real `redis-server` (started here on a free port): replicas on
+//! one Redis forward what one process forwards, summarize each range once, keep
+//! answering while Redis is down, frozen or restarted, and never trust a value of
+//! another schema version.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::agent::{chat_config, chat_request};
+use common::redis_server::RedisServer;
+use common::sessions::{Shape, session_requests};
+use common::*;
+use foldgate::compaction::SessionState;
+use foldgate::config::{Config, SecretUrl, StoreKind};
+use foldgate::session::{RedisOptions, RedisStore, Saved, SessionKey, SessionStore};
+use http::StatusCode;
+use serde_json::json;
+
+const CREDENTIAL: &str = "Bearer sk-redis-test-credential";
+const SESSION: &str = "conversation-under-test";
+
+/// The agent provider, with digests that depend only on what is summarized (so that
+/// whichever replica asks gets the same digest) and take `delay` to write.
+fn provider(delay: Duration) -> Handler {
+    let normal = common::agent::provider(Default::default());
+    Arc::new(move |rec: Recorded| {
+        let normal = normal.clone();
+        Box::pin(async move {
+            if !rec.headers.contains_key("x-foldgate-summary") {
+                return normal(rec).await;
+            }
+            tokio::time::sleep(delay).await;
+            let mut hasher = DefaultHasher::new();
+            rec.body.hash(&mut hasher);
+            let digest = format!(
+                "## Milestones\n- I read the modules (range {:016x}).\n## Key artifacts\n- src/parser.rs",
+                hasher.finish()
+            );
+            let body = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": digest}}]});
+            response(200, body.to_string())
+        })
+    })
+}
+
+/// A replica's configuration: a 16k window, the model summarizer, sessions in `redis`.
+fn replica(upstream: &str, redis: &str) -> Config {
+    let mut config = chat_config(upstream);
+    config.compaction.max_context_tokens = Some(16_000);
+    config.session.store = StoreKind::Redis;
+    config.session.redis_url = SecretUrl::new(redis);
+    config
+}
+
+fn summaries(mock: &MockUpstream) -> Vec<Bytes> {
+    mock.recorded()
+        .into_iter()
+        .filter(|r| r.headers.contains_key("x-foldgate-summary"))
+        .map(|r| r.body)
+        .collect()
+}
+
+fn chats(mock: &MockUpstream) -> Vec<Bytes> {
+    mock.recorded()
+        .into_iter()
+        .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
+        .map(|r| r.body)
+        .collect()
+}
+
+/// Waits until no summarizer call has started for a while: background folds (prefetch)
+/// of the last request have landed, so the next request finds the same state whichever
+/// process serves it.
+async fn settle(mock: &MockUpstream) {
+    let mut seen = summaries(mock).len();
+    loop {
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let now = summaries(mock).len();
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
+/// Sends every request of `bodies` to `proxies` in turn; returns the statuses.
+async fn converse(proxies: &[&Proxy], mock: &MockUpstream, bodies: &[Bytes]) {
+    for (i, body) in bodies.iter().enumerate() {
+        let proxy = proxies[i % proxies.len()];
+        let (status, _, answer) =
+            send(chat_request(proxy, body.clone(), CREDENTIAL, SESSION)).await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {}", String::from_utf8_lossy(&answer));
+        settle(mock).await;
+    }
+}
+
+fn long_session() -> Vec<Bytes> {
+    session_requests(Shape::CodingAgent, 7, 40_000).into_iter().map(|r| r.body).collect()
+}
+
+/// Every key foldgate wrote, checked to be prefixed hashes (no session id, no credential).
+async fn keys(redis: &RedisServer) -> Vec<String> {
+    let mut conn = redis.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+    for key in &keys {
+        assert!(key.starts_with("foldgate:s:") || key.starts_with("foldgate:l:"), "{key}");
+        assert!(!key.contains(SESSION) && !key.contains("sk-redis"), "{key}");
+    }
+    keys
+}
+
+fn counter(metrics: &str, name: &str, op: &str) -> f64 {
+    let prefix = format!("{name}{{op=\"{op}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+async fn metrics(proxy: &Proxy) -> String {
+    let (_, _, body) =
+        send(http::Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await;
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_forward_what_one_process_forwards() {
+    let Some(redis) = RedisServer::start() else { return };
+    let bodies = long_session();
+    assert!(bodies.len() > 40);
+
+    // One process, sessions in memory.
+    let mock = MockUpstream::start(provider(Duration::ZERO)).await;
+    let mut single = chat_config(&mock.url());
+    single.compaction.max_context_tokens = Some(16_000);
+    let one = Proxy::start(single).await;
+    converse(&[&one], &mock, &bodies).await;
+    let expected = chats(&mock);
+    let expected_summaries = summaries(&mock).len();
+    assert!(expected_summaries >= 2, "the session was folded ({expected_summaries} digests)");
+
+    // Two replicas on one Redis, requests alternating between them.
+    let mock = MockUpstream::start(provider(Duration::ZERO)).await;
+    let a = Proxy::start(replica(&mock.url(), &redis.url())).await;
+    let b = Proxy::start(replica(&mock.url(), &redis.url())).await;
+    converse(&[&a, &b], &mock, &bodies).await;
+    let forwarded = chats(&mock);
+    assert_eq!(forwarded.len(), expected.len());
+    for (i, (got, want)) in forwarded.iter().zip(&expected).enumerate() {
+        assert!(got == want, "request {i}: the replicas forwarded other bytes than one process");
+    }
+    let digests = summaries(&mock);
+    assert_eq!(digests.len(), expected_summaries, "one summarizer call per fold");
+
+    let keys = keys(&redis).await;
+    assert_eq!(keys.len(), 1, "one conversation stored, no lease left behind: {keys:?}");
+    let mut conn = redis.connection().await;
+    let stored: usize =
+        redis::cmd("HSTRLEN").arg(&keys[0]).arg("state").query_async(&mut conn).await.unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg(&keys[0]).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "expires session.ttl after last use: {ttl} ms");
+    println!("state of a {}-message conversation: {stored} bytes", bodies.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_on_two_replicas_summarize_each_range_once() {
+    let Some(redis) = RedisServer::start() else { return };
+    let mock = MockUpstream::start(provider(Duration::from_millis(600))).await;
+    let a = Proxy::start(replica(&mock.url(), &redis.url())).await;
+    let b = Proxy::start(replica(&mock.url(), &redis.url())).await;
+    let bodies = long_session();
+    // The first request past the trigger: its fold needs a digest.
+    let body = bodies[bodies.len() * 3 / 4].clone();
+
+    let started = Instant::now();
+    let requests = (0..6).map(|i| {
+        let proxy = if i % 2 == 0 { &a } else { &b };
+        send(chat_request(proxy, body.clone(), CREDENTIAL, SESSION))
+    });
+    for (status, headers, _) in futures_util::future::join_all(requests).await {
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.contains_key("x-foldgate-tier"), "compaction ran: {headers:?}");
+    }
+    settle(&mock).await;
+    let digests = summaries(&mock);
+    assert!(!digests.is_empty());
+    let mut distinct = digests.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), digests.len(), "a range was summarized twice");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // Both replicas now forward the stored fold, without another summarizer call.
+    let calls = digests.len();
+    for proxy in [&a, &b] {
+        let (status, _, _) = send(chat_request(proxy, body.clone(), CREDENTIAL, SESSION)).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let forwarded = chats(&mock);
+    let (last_a, last_b) = (&forwarded[forwarded.len() - 2], &forwarded[forwarded.len() - 1]);
+    assert!(last_a == last_b, "both replicas forward the same bytes");
+    assert!(String::from_utf8_lossy(last_a).contains("I read the modules (range"));
+    assert_eq!(summaries(&mock).len(), calls, "the stored fold was reused");
+    assert!(keys(&redis).await.iter().all(|k| k.starts_with("foldgate:s:")), "leases released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_answered_while_redis_is_down_and_sharing_resumes_after_a_restart() {
+    let Some(mut redis) = RedisServer::start() else { return };
+    let mock = MockUpstream::start(provider(Duration::ZERO)).await;
+    let mut config = replica(&mock.url(), &redis.url());
+    config.session.redis_timeout = Duration::from_millis(150);
+    let a = Proxy::start(config.clone()).await;
+    let b = Proxy::start(config).await;
+    let bodies = long_session();
+    let third = bodies.len() / 3;
+
+    converse(&[&a, &b], &mock, &bodies[..third]).await;
+    assert_eq!(keys(&redis).await.len(), 1);
+
+    // Killed: every request is still answered, quickly, and the failures are counted.
+    redis.kill();
+    for (i, body) in bodies[third..2 * third].iter().enumerate() {
+        let proxy = if i % 2 == 0 { &a } else { &b };
+        let started = Instant::now();
+        let (status, _, _) = send(chat_request(proxy, body.clone(), CREDENTIAL, SESSION)).await;
+        assert_eq!(status, StatusCode::OK, "request {i} while Redis is down");
+        assert!(started.elapsed() < Duration::from_secs(2), "request {i} waited for Redis");
+    }
+    let errors = counter(&metrics(&a).await, "foldgate_session_store_errors_total", "load");
+    assert!(errors >= 1.0, "store errors are counted: {errors}");
+
+    // Restarted (empty): once the store retries, conversations are shared again.
+    redis.restart();
+    tokio::time::sleep(foldgate::session::redis::PROBE_INTERVAL * 3).await;
+    let rest = &bodies[2 * third..];
+    let (status, _, _) = send(chat_request(&a, rest[0].clone(), CREDENTIAL, SESSION)).await;
+    assert_eq!(status, StatusCode::OK);
+    settle(&mock).await;
+    assert_eq!(keys(&redis).await.len(), 1, "A stored the conversation in the new Redis");
+    let calls = summaries(&mock).len();
+    let (status, _, _) = send(chat_request(&b, rest[0].clone(), CREDENTIAL, SESSION)).await;
+    assert_eq!(status, StatusCode::OK);
+    let forwarded = chats(&mock);
+    assert!(
+        forwarded[forwarded.len() - 1] == forwarded[forwarded.len() - 2],
+        "B forwards what A forwarded, from the state A stored"
+    );
+    assert_eq!(summaries(&mock).len(), calls, "B reused A's folds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_or_absent_redis_costs_at_most_the_operation_timeout() {
+    let Some(redis) = RedisServer::start() else { return };
+    let mock = MockUpstream::start(provider(Duration::ZERO)).await;
+    let mut config = replica(&mock.url(), &redis.url());
+    config.session.redis_timeout = Duration::from_millis(100);
+    let proxy = Proxy::start(config.clone()).await;
+    let bodies = long_session();
+    let body = bodies[bodies.len() / 2].clone();
+    let (status, _, _) = send(chat_request(&proxy, body.clone(), CREDENTIAL, SESSION)).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Frozen: connections stay open, nothing answers.
+    redis.freeze();
+    for i in 0..5 {
+        let started = Instant::now();
+        let (status, _, _) = send(chat_request(&proxy, body.clone(), CREDENTIAL, SESSION)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "request {i}: {:?}",
+            started.elapsed()
+        );
+    }
+    redis.thaw();
+
+    // Nothing listening at all, from start-up.
+
+    config.session.redis_url = SecretUrl::new(format!("redis://127.0.0.1:{}", free_port()));
+    let orphan = Proxy::start(config).await;
+    for i in 0..3 {
+        let started = Instant::now();
+        let (status, _, _) = send(chat_request(&orphan, body.clone(), CREDENTIAL, SESSION)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "request {i}: {:?}",
+            started.elapsed()
+        );
+    }
+    let text = metrics(&orphan).await;
+    assert!(counter(&text, "foldgate_session_store_errors_total", "load") >= 1.0, "{text}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn store(redis: &RedisServer) -> RedisStore<SessionState> {
+    RedisStore::new(&RedisOptions {
+        url: redis.url(),
+        key_prefix: "foldgate:".to_owned(),
+        ttl: Duration::from_secs(60),
+        timeout: Duration::from_secs(1),
+        max_sessions: 100,
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_value_of_another_schema_version_is_ignored_and_replaced() {
+    let Some(redis) = RedisServer::start() else { return };
+    let store = store(&redis);
+    let key = SessionKey::from_digest("00ff");
+    let mut conn = redis.connection().await;
+    // What a later release might write: another version, a layout this one cannot read.
+    let _: () = redis::cmd("HSET")
+        .arg("foldgate:s:00ff")
+        .arg("v")
+        .arg("999")
+        .arg("rev")
+        .arg("7")
+        .arg("state")
+        .arg(r#"{"blocks":"a layout of the future"}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(store.load(&key).await.unwrap().is_none(), "another version reads as absent");
+    assert_eq!(store.save(&key, SessionState::default(), 0).await.unwrap(), Saved::Written);
+    let loaded = store.load(&key).await.unwrap().expect("our own value reads back");
+    assert_eq!(loaded.revision, 8, "revisions keep increasing across versions");
+    let version: String =
+        redis::cmd("HGET").arg("foldgate:s:00ff").arg("v").query_async(&mut conn).await.unwrap();
+    assert_eq!(version, "1");
+
+    // Our version, unreadable: never trusted, replaced by the next save.
+    let _: () = redis::cmd("HSET")
+        .arg("foldgate:s:00ff")
+        .arg("state")
+        .arg("{not json")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let loaded = store.load(&key).await.unwrap().unwrap();
+    assert!(loaded.state.blocks.is_empty());
+    assert_eq!(
+        store.save(&key, SessionState::default(), loaded.revision).await.unwrap(),
+        Saved::Written
+    );
+}
+
+#[tokio::test]
+async fn saves_compare_and_swap_and_leases_expire() {
+    let Some(redis) = RedisServer::start() else { return };
+    let store = store(&redis);
+    let key = SessionKey::from_digest("abcd");
+    assert_eq!(store.save(&key, SessionState::default(), 0).await.unwrap(), Saved::Written);
+    assert_eq!(store.save(&key, SessionState::default(), 0).await.unwrap(), Saved::Conflict);
+    let loaded = store.load(&key).await.unwrap().unwrap();
+    assert_eq!(loaded.revision, 1);
+    assert_eq!(store.save(&key, SessionState::default(), 1).await.unwrap(), Saved::Written);
+    assert_eq!(store.save(&key, SessionState::default(), 1).await.unwrap(), Saved::Conflict);
+
+    let ttl = Duration::from_millis(300);
+    let lease = store.try_lease(&key, ttl).await.unwrap().expect("free");
+    assert!(store.try_lease(&key, ttl).await.unwrap().is_none(), "held");
+    let stranger = foldgate::session::Lease { token: "not-the-holder".to_owned() };
+    store.release(&key, stranger).await.unwrap();
+    assert!(store.try_lease(&key, ttl).await.unwrap().is_none(), "only the holder releases");
+    store.release(&key, lease).await.unwrap();
+    let dead = store.try_lease(&key, ttl).await.unwrap().expect("released");
+    drop(dead); // its holder died without releasing it
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    assert!(store.try_lease(&key, ttl).await.unwrap().is_some(), "a lease expires by itself");
+}
