@@ -298,7 +298,11 @@ async fn rare_event_series_exist_from_start_up_at_zero() {
     let proxy = Proxy::start(chat_config(&mock.url())).await;
     let text = scrape(proxy.addr).await;
     for series in [
-        r#"foldgate_session_store_errors_total{op="access"} 0"#,
+        r#"foldgate_session_store_errors_total{op="load"} 0"#,
+        r#"foldgate_session_store_errors_total{op="save"} 0"#,
+        r#"foldgate_session_store_errors_total{op="lease"} 0"#,
+        r#"foldgate_requests_total{route="chat_completions",status_class="5xx"} 0"#,
+        r#"foldgate_compactions_total{outcome="compacted",tier="4"} 0"#,
         r#"foldgate_overflow_retries_total{result="retried"} 0"#,
         r#"foldgate_summarizer_failures_total{reason="timeout"} 0"#,
         r#"foldgate_chat_requests_total{outcome="failed_open"} 0"#,
