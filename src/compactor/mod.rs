@@ -285,7 +285,7 @@ impl Inner {
         let (mut state, revision) = match self.store.load(key).await {
             Ok(found) => found.map_or_else(Default::default, |l| (l.state, l.revision)),
             Err(e) => {
-                tracing::warn!(error = %e, store = self.store.name(), "session load failed; compacting without stored state");
+                log_store_error(&e, self.store.name(), "session load failed; compacting without stored state");
                 store_error = true;
                 (SessionState::default(), 0)
             }
@@ -316,7 +316,7 @@ impl Inner {
         // A shared store already refreshed the expiry on load: write only what changed.
         if !self.store.is_shared() || fingerprint(&state) != before {
             if let Err(e) = self.save(key, state, revision).await {
-                tracing::warn!(error = %e, store = self.store.name(), "session save failed");
+                log_store_error(&e, self.store.name(), "session save failed");
                 store_error = true;
             }
         }
@@ -363,6 +363,15 @@ impl Inner {
             self.store.save(key, merged, latest.revision).await?;
         }
         Ok(())
+    }
+}
+
+/// Logs a store failure: an unreachable store at debug level (the store logs the outage
+/// once, and every request meets it), anything else as a warning.
+fn log_store_error(e: &StoreError, store: &str, message: &str) {
+    match e {
+        StoreError::Unavailable(_) => tracing::debug!(error = %e, store, "{message}"),
+        StoreError::Corrupt(_) => tracing::warn!(error = %e, store, "{message}"),
     }
 }
 
