@@ -76,6 +76,7 @@ fn build_pipeline(
                 max_sessions: config.session.max_sessions,
                 // A summarizer call, then the save of its block.
                 lease_ttl: config.summarizer.timeout + Duration::from_secs(10),
+                digest_wait: config.summarizer.timeout,
             },
         ),
         summarizers,

@@ -185,6 +185,8 @@ pub struct Metrics {
     pub compactions: IntCounterVec,
     /// Summarizer call duration, by summarizer.
     pub summarizer_duration: HistogramVec,
+    /// How long compacted requests waited for a digest (0 when they did not).
+    pub fold_wait: Histogram,
     /// Summarizer failures by reason.
     pub summarizer_failures: IntCounterVec,
     /// Share of a fold's artifacts the digest contained before any were appended.
@@ -215,6 +217,8 @@ const LATENCY_BUCKETS: [f64; 14] =
     [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 const STORE_BUCKETS: [f64; 12] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+const WAIT_BUCKETS: [f64; 12] =
+    [0.0, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 const SLOW_BUCKETS: [f64; 12] =
     [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
 const RATIO_BUCKETS: [f64; 11] = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -286,6 +290,11 @@ impl Metrics {
                 "compactions_total",
                 "Compactions by highest tier applied and outcome.",
                 &["tier", "outcome"],
+            )?,
+            fold_wait: plain_histogram(
+                "fold_wait_seconds",
+                "How long compacted chat requests waited for a digest; 0 when they did not.",
+                &WAIT_BUCKETS,
             )?,
             summarizer_duration: histogram(
                 "summarizer_duration_seconds",

@@ -132,10 +132,16 @@ async fn a_failing_summarizer_falls_back_to_an_extractive_digest() {
     .await;
     let proxy = Proxy::start(chat_config(&mock.url())).await;
     let body = requests(&conversation(30, 0), &[]).pop().unwrap();
-    let (status, headers, answer) = send(chat_request(&proxy, body, "Bearer k", "s")).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(answer, COMPLETION.as_bytes());
-    assert_eq!(header(&headers, "x-foldgate-outcome"), "compacted");
+    // The first request does not wait for its digest: the fold is made in the background
+    // (falling back to the extractive digest) and the next request applies it.
+    for _ in 0..2 {
+        let (status, headers, answer) =
+            send(chat_request(&proxy, body.clone(), "Bearer k", "s")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer, COMPLETION.as_bytes());
+        assert_eq!(header(&headers, "x-foldgate-outcome"), "compacted");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
     let sent = forwarded(&mock).pop().unwrap();
     let request = ChatRequest::parse(&sent).unwrap();
     let digest = request.messages().iter().find(|m| m.is_digest()).expect("a digest").text();
@@ -371,20 +377,30 @@ async fn with_prefetch_the_request_crossing_the_trigger_waits_for_no_summary() {
 }
 
 #[tokio::test]
-async fn without_prefetch_the_crossing_request_summarizes_inline() {
+async fn without_prefetch_the_crossing_request_postpones_its_fold_while_it_fits() {
     let stats = Arc::new(ProviderStats::default());
     let mock = MockUpstream::start(provider(stats.clone())).await;
     let mut config = chat_config(&mock.url());
     config.compaction.prefetch = false;
     let proxy = Proxy::start(config).await;
+    let mut crossed = false;
     for body in requests(&conversation(40, 4), &[]) {
         let calls_before = stats.summaries.load(Ordering::SeqCst);
         let (_, headers, _) = send(chat_request(&proxy, body, "Bearer k", "np")).await;
+        assert!(!headers.contains_key("x-foldgate-fold-wait-ms"), "no request waited");
+        let over = header(&headers, "x-foldgate-tokens-before").parse::<usize>().unwrap_or(0)
+            > (12_000 - 4096) * 3 / 4;
         if header(&headers, "x-foldgate-outcome") == "compacted" {
-            assert_eq!(calls_before, 0);
-            assert_eq!(stats.summaries.load(Ordering::SeqCst), 1);
+            assert!(crossed, "a request before fitted without the fold and was forwarded as is");
+            assert_eq!(calls_before, 1, "its fold was summarized in the background");
+            assert_eq!(stats.summaries.load(Ordering::SeqCst), 1, "and applied, not redone");
+            let forwarded = mock.recorded().pop().unwrap();
+            assert!(String::from_utf8_lossy(&forwarded.body).contains("I read the modules"));
             return;
         }
+        crossed |= over;
+        // The agent's think time: the background fold lands before the next request.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     panic!("the conversation never crossed the trigger");
 }

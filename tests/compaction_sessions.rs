@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::agent::{ProviderStats, chat_request, provider};
 use common::sessions::{Shape, session_requests};
@@ -16,12 +17,52 @@ use foldgate::compaction::{Budget, Options, TokenCache};
 use foldgate::model::ChatRequest;
 use http::StatusCode;
 
-/// Replays one session of `shape` through foldgate at a 16,000-token window, growing to
-/// 2.5 times the window, and checks every forwarded request against its original.
-/// Returns how many requests each tier served (`x-foldgate-tier`).
+/// How the agent and the summarizer take their time.
+#[derive(Clone, Copy, Default)]
+struct Pace {
+    /// How long the summarizer takes to write a digest.
+    summary: Duration,
+    /// The agent's pause between an answer and its next request.
+    pause: Duration,
+}
+
+/// What one replay saw.
+#[derive(Default)]
+struct Replayed {
+    /// Requests served by each tier (`x-foldgate-tier`).
+    tiers: BTreeMap<String, usize>,
+    /// Summarizer calls (one per fold).
+    folds: usize,
+    /// Requests that waited for a digest (`x-foldgate-fold-wait-ms`), with the wait.
+    waits: Vec<(usize, Duration)>,
+    /// The slowest request that did not wait.
+    slowest_unwaited: Duration,
+}
+
+/// The agent provider, with digests that take `delay` to write.
+fn slow_provider(stats: Arc<ProviderStats>, delay: Duration) -> Handler {
+    let normal = provider(stats);
+    Arc::new(move |rec: Recorded| {
+        let normal = normal.clone();
+        Box::pin(async move {
+            if rec.headers.contains_key("x-foldgate-summary") {
+                tokio::time::sleep(delay).await;
+            }
+            normal(rec).await
+        })
+    })
+}
+
 async fn replay(shape: Shape, seed: u64) -> BTreeMap<String, usize> {
+    replay_paced(shape, seed, Pace::default()).await.tiers
+}
+
+/// Replays one session of `shape` through foldgate at a 16,000-token window, growing to
+/// 2.5 times the window, at `pace`, and checks every forwarded request against its
+/// original.
+async fn replay_paced(shape: Shape, seed: u64, pace: Pace) -> Replayed {
     let stats = Arc::new(ProviderStats::default());
-    let mock = MockUpstream::start(provider(stats)).await;
+    let mock = MockUpstream::start(slow_provider(stats.clone(), pace.summary)).await;
     let mut config = common::agent::chat_config(&mock.url());
     config.compaction.max_context_tokens = Some(16_000);
     let proxy = Proxy::start(config.clone()).await;
@@ -29,12 +70,22 @@ async fn replay(shape: Shape, seed: u64) -> BTreeMap<String, usize> {
     assert!(requests.len() > 40, "{} requests", requests.len());
 
     let mut cache = TokenCache::default();
-    let mut tiers: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seen = Replayed::default();
+    let tiers = &mut seen.tiers;
     let mut failures = Vec::new();
     let mut sent = 0;
     for (i, request) in requests.iter().enumerate() {
+        tokio::time::sleep(pace.pause).await;
+        let started = Instant::now();
         let (status, headers, answer) =
             send(chat_request(&proxy, request.body.clone(), "Bearer sk-s", "long-session")).await;
+        let took = started.elapsed();
+        match headers.get("x-foldgate-fold-wait-ms") {
+            Some(ms) => {
+                seen.waits.push((i, Duration::from_millis(ms.to_str().unwrap().parse().unwrap())))
+            }
+            None => seen.slowest_unwaited = seen.slowest_unwaited.max(took),
+        }
         assert_eq!(status, StatusCode::OK, "request {i}");
         if request.stream {
             assert!(answer.starts_with(b"data: "), "request {i} streamed");
@@ -65,7 +116,8 @@ async fn replay(shape: Shape, seed: u64) -> BTreeMap<String, usize> {
     let compacted: usize =
         tiers.iter().filter(|(t, _)| !matches!(t.as_str(), "-" | "0")).map(|(_, n)| n).sum();
     assert!(compacted > 10, "{shape:?}: the session was compacted ({tiers:?})");
-    tiers
+    seen.folds = stats.summaries.load(std::sync::atomic::Ordering::SeqCst);
+    seen
 }
 
 /// Replays three sessions of `shape`; the guarantees must have held on requests served
@@ -94,4 +146,27 @@ async fn a_tool_calling_session_keeps_user_turns_and_the_current_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_user_turns_outlive_pastes_that_pass_the_floor() {
     replay_three(Shape::PastingAgent).await;
+}
+
+/// A summarizer that takes a second and an agent that pauses half a second between
+/// requests: folds are summarized in the background while requests still fit, so almost
+/// no request waits for a digest, and the guarantees hold on every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_summarizer_makes_almost_no_request_wait() {
+    let pace = Pace { summary: Duration::from_millis(1_000), pause: Duration::from_millis(500) };
+    let seen = replay_paced(Shape::CodingAgent, 11, pace).await;
+    println!("folds {}, waits {:?}, tiers {:?}", seen.folds, seen.waits, seen.tiers);
+    assert!(seen.folds >= 3, "the session was folded several times: {}", seen.folds);
+    assert!(
+        seen.waits.len() * 20 <= seen.folds,
+        "at least 95% of folds made no request wait: {} waits for {} folds: {:?}",
+        seen.waits.len(),
+        seen.folds,
+        seen.waits
+    );
+    assert!(
+        seen.slowest_unwaited < pace.summary / 2,
+        "a request without the wait header took {:?}: it waited unreported",
+        seen.slowest_unwaited
+    );
 }

@@ -17,6 +17,12 @@ pub struct Options {
     pub target_ratio: Option<f64>,
     /// Assume this model instead of the request's `model`.
     pub model: Option<String>,
+    /// While the request fits without it (see [`Budget::fit_limit`]), a fold due now is
+    /// not made here: the request is forwarded with the folds already made, and the
+    /// report says so ([`crate::compaction::Report::fold_postponed`]) so that the caller
+    /// summarizes it in the background. Off: folds are made inline, as a request that
+    /// does not fit needs.
+    pub postpone_folds: bool,
 }
 
 impl Options {
@@ -49,6 +55,13 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// The most a request may take and still be forwarded without a fold that is due:
+    /// `budget` less a safety margin of 2% for counting error (estimated token counts
+    /// of other providers' models, framing).
+    pub fn fit_limit(&self) -> usize {
+        self.budget - self.budget / 50
+    }
+
     /// The budget of `request` under `cfg` and `opts`.
     pub fn of(request: &ChatRequest, cfg: &CompactionConfig, opts: &Options) -> Self {
         let model = opts.model.clone().or_else(|| request.model()).unwrap_or_default();

@@ -43,6 +43,18 @@ impl Outcome {
     }
 }
 
+/// Why a fold is summarized outside the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ahead {
+    /// Ahead of need, past `prefetch_ratio`; `forwarded_tokens` is the prompt as forwarded.
+    Prefetch {
+        /// Prompt tokens of the request as forwarded.
+        forwarded_tokens: usize,
+    },
+    /// Due now, postponed by a request that still fitted without it.
+    Due,
+}
+
 /// The compaction engine. Cheap to share: holds only its configuration.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -150,6 +162,10 @@ impl Engine {
             }
             let blocks_end = blocks.last().map_or(0, |b| b.end);
             let tail0 = turn_tail_start(&units, cfg.keep_last_turns).max(blocks_end);
+            // What to forward if the fold is postponed: no elision either, so that the
+            // prefix is rewritten once, when the digest lands.
+            let unelided = (opts.postpone_folds && plan.total() <= budget.fit_limit())
+                .then(|| (plan.clone(), report.tier));
             if plan.elide_before(tail0, cfg.elide_min_tokens, budget.target, &mut counter)? {
                 report.tier = report.tier.max(1);
             }
@@ -170,7 +186,33 @@ impl Engine {
                         keep,
                     };
                     let region = Region { msgs, tokens: &tokens, start: blocks_end, end };
-                    match fold_after(blocks, region, summarizer, rules).await? {
+                    // Postponed: as the previous requests were forwarded when that fits,
+                    // else with old work cut to fit, as long as no user message and
+                    // nothing of the current turn is lost.
+                    let postponed = match unelided {
+                        Some(unfolded) => Some(unfolded),
+                        None if opts.postpone_folds => {
+                            let goals = Goals {
+                                target: budget.fit_limit(),
+                                limit: budget.fit_limit(),
+                                floor: budget.floor,
+                                small_max: cfg.user_verbatim_max_tokens,
+                                min_tokens: cfg.elide_min_tokens,
+                            };
+                            plan.cut_to_fit(goals, protect, &mut counter)?.map(|cut| (cut, 4))
+                        }
+                        None => None,
+                    };
+                    let folded = match postponed {
+                        Some((forwarded, tier)) => {
+                            plan = forwarded;
+                            report.tier = report.tier.max(tier);
+                            report.fold_postponed = true;
+                            None
+                        }
+                        None => Some(fold_after(blocks, region, summarizer, rules).await?),
+                    };
+                    match folded.flatten() {
                         Some(folded) => {
                             report.summarizer = Some(folded.block.summarizer.clone());
                             report.summarizer_error = folded.error;
@@ -188,14 +230,18 @@ impl Engine {
                             )?;
                             report.tier = 2;
                         }
-                        None => report.fold_deferred = true,
+                        None => report.fold_deferred |= !report.fold_postponed,
                     }
                 }
             }
             // While another process summarizes this conversation, the request goes on
             // with the folds it has and is cut only as far as it must be to fit: its
             // prefix changes once, when the digest lands, not twice.
-            let target = if report.fold_deferred { budget.budget } else { budget.target };
+            let target = if report.fold_deferred || report.fold_postponed {
+                budget.budget
+            } else {
+                budget.target
+            };
             if plan.total() > target {
                 let goals = Goals {
                     target,
@@ -218,16 +264,18 @@ impl Engine {
         Ok(Outcome::Compacted { body: out.to_vec(), request: out, report })
     }
 
-    /// Summarizes the next fold ahead of need and keeps it as `state.pending`, leaving the
-    /// forwarded request unchanged. Called past `prefetch_ratio` (with the prompt size as
-    /// forwarded, `forwarded_tokens`), so that the request that crosses the trigger finds
-    /// its digest ready. Returns whether a pending block was made.
+    /// Summarizes the next fold outside the request path and keeps it as
+    /// `state.pending`, leaving the forwarded request unchanged; the first request that
+    /// needs it applies it. [`Ahead::Prefetch`]: past `prefetch_ratio`, so that the
+    /// request that crosses the trigger finds its digest ready. [`Ahead::Due`]: the fold
+    /// a request postponed because it still fitted (see [`Options::postpone_folds`]).
+    /// Returns whether a pending block was made.
     pub async fn prefetch(
         &self,
         request: &ChatRequest,
         state: &mut SessionState,
         summarizer: &dyn Summarizer,
-        forwarded_tokens: usize,
+        ahead: Ahead,
     ) -> Result<bool, CompactionError> {
         let cfg = &self.cfg;
         let budget = Budget::of(request, cfg, &Options::default());
@@ -237,19 +285,24 @@ impl Engine {
         if state.pending.as_ref().is_some_and(|p| continues(p, &state.blocks, msgs, &units)) {
             return Ok(false);
         }
-        // Below the trigger without blocks the caller only has an upper bound: count.
-        let tokens = if state.blocks.is_empty() {
-            self.count_prompt(request, &budget, &mut state.token_cache)
-        } else {
-            forwarded_tokens
+        let opts = match ahead {
+            Ahead::Prefetch { forwarded_tokens } => {
+                // Below the trigger without blocks the caller only has an upper bound.
+                let tokens = if state.blocks.is_empty() {
+                    self.count_prompt(request, &budget, &mut state.token_cache)
+                } else {
+                    forwarded_tokens
+                };
+                let threshold = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
+                if tokens <= threshold || tokens > budget.trigger {
+                    return Ok(false);
+                }
+                // Aim as deep, relative to the prompt, as the compaction at the trigger.
+                let target = cfg.target_ratio * cfg.prefetch_ratio / cfg.trigger_ratio;
+                Options { force: true, target_ratio: Some(target), ..Options::default() }
+            }
+            Ahead::Due => Options { force: true, ..Options::default() },
         };
-        let threshold = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
-        if tokens <= threshold || tokens > budget.trigger {
-            return Ok(false);
-        }
-        // Aim as deep, relative to the prompt, as the compaction at the trigger will.
-        let target = cfg.target_ratio * cfg.prefetch_ratio / cfg.trigger_ratio;
-        let opts = Options { force: true, target_ratio: Some(target), ..Options::default() };
         let mut trial = SessionState {
             blocks: state.blocks.clone(),
             token_cache: std::mem::take(&mut state.token_cache),

@@ -301,6 +301,26 @@ impl Plan {
         Ok(())
     }
 
+    /// This plan cut by the fallback to `goals.limit`, if that keeps every user message,
+    /// pinned message and digest, and leaves the turn from `protect` on untouched: only
+    /// old work and tool results are cut. `None` when the prompt cannot fit that way.
+    pub fn cut_to_fit(
+        &self,
+        goals: Goals,
+        protect: Option<usize>,
+        counter: &mut Counter<'_>,
+    ) -> Result<Option<Self>, ModelError> {
+        let mut cut = self.clone();
+        cut.fallback(goals, protect, counter)?;
+        let kept = self.items.iter().zip(&cut.items).all(|(before, after)| {
+            let essential = !matches!(before.kind, Kind::Work);
+            let protected = protect.is_some_and(|p| before.pos >= p);
+            let touched = after.dropped != before.dropped || after.elided != before.elided;
+            !((essential && after.dropped) || (protected && touched))
+        });
+        Ok((kept && cut.total() <= goals.limit).then_some(cut))
+    }
+
     /// Drops the items `pred` selects, the largest first (the oldest first among equals),
     /// until the prompt meets `goal` or the selected items left take at most `keep`.
     fn drop_largest_first(&mut self, goal: usize, keep: usize, pred: impl Fn(&Item) -> bool) {

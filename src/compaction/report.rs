@@ -45,6 +45,10 @@ pub struct Report {
     /// A fold was due but another process was summarizing this conversation: the request
     /// went on with the folds it had.
     pub fold_deferred: bool,
+    /// A fold was due, and the request fitted without it: it was forwarded with the
+    /// folds already made (and no new elision), for the caller to summarize the fold in
+    /// the background and apply it to a later request.
+    pub fold_postponed: bool,
     /// Summarizer used for new blocks.
     pub summarizer: Option<String>,
     /// Why the summarizer failed, if it did (the extractive digest was used instead).
@@ -82,6 +86,7 @@ impl Report {
             blocks_invalidated: invalidated,
             used_prefetched: false,
             fold_deferred: false,
+            fold_postponed: false,
             summarizer: None,
             summarizer_error: None,
             artifact_recall: None,

@@ -6,18 +6,22 @@
 //! parsed request and a summarizer bound to the client's credential.
 
 mod counts;
+mod gate;
 mod lease;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use dashmap::DashSet;
+use dashmap::DashMap;
 use futures_util::FutureExt;
+use tokio::sync::watch;
 
 use self::counts::LocalCounts;
+use self::gate::Gate;
 use self::lease::Leased;
+use crate::compaction::engine::Ahead;
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
 use crate::config::CompactionMode;
 use crate::model::ChatRequest;
@@ -70,6 +74,11 @@ pub struct Decision {
     pub store_error: bool,
     /// Why compaction failed, for the log.
     pub error: Option<String>,
+    /// How long the request waited for a digest (a summarizer call, or a background
+    /// fold of its conversation to land); zero when it did not.
+    pub fold_wait: Duration,
+    /// A fold was needed while a background fold of the conversation ran.
+    blocked: bool,
 }
 
 impl Decision {
@@ -90,15 +99,18 @@ struct Inner {
     store: Arc<dyn SessionStore<SessionState>>,
     locks: SessionLocks,
     mode: CompactionMode,
-    /// Sessions with a prefetch running.
-    prefetching: DashSet<SessionKey>,
+    /// Sessions with a background fold running; the receiver turns true when it ends.
+    background: DashMap<SessionKey, watch::Receiver<bool>>,
     /// Token counts kept here when the store is shared with other processes.
     counts: Option<LocalCounts>,
     /// How long a summarization lease lasts (a summarizer call and a save).
     lease_ttl: Duration,
+    /// The longest a request that does not fit waits for a digest.
+    digest_wait: Duration,
 }
 
-/// How a compactor shares a conversation with other processes through its store.
+/// How a compactor shares a conversation with other processes through its store, and
+/// how long a request may wait for a digest.
 #[derive(Debug, Clone, Copy)]
 pub struct Sharing {
     /// Local token counts are kept this long after use (`session.ttl`).
@@ -107,6 +119,9 @@ pub struct Sharing {
     pub max_sessions: usize,
     /// A summarization lease expires after this long (at least `summarizer.timeout`).
     pub lease_ttl: Duration,
+    /// A request that would not fit without its fold waits at most this long for the
+    /// digest (`summarizer.timeout`), then takes the extractive one.
+    pub digest_wait: Duration,
 }
 
 impl Default for Sharing {
@@ -115,6 +130,7 @@ impl Default for Sharing {
             ttl: Duration::from_secs(3600),
             max_sessions: 10_000,
             lease_ttl: Duration::from_secs(60),
+            digest_wait: Duration::from_secs(30),
         }
     }
 }
@@ -137,12 +153,18 @@ impl Compactor {
         sharing: Sharing,
     ) -> Self {
         let locks = SessionLocks::default();
-        let prefetching = DashSet::new();
         let counts = store.is_shared().then(|| LocalCounts::new(sharing.ttl, sharing.max_sessions));
-        let lease_ttl = sharing.lease_ttl;
-        Self {
-            inner: Arc::new(Inner { engine, store, locks, mode, prefetching, counts, lease_ttl }),
-        }
+        let inner = Inner {
+            engine,
+            store,
+            locks,
+            mode,
+            background: DashMap::new(),
+            counts,
+            lease_ttl: sharing.lease_ttl,
+            digest_wait: sharing.digest_wait,
+        };
+        Self { inner: Arc::new(inner) }
     }
 
     /// The engine.
@@ -165,48 +187,83 @@ impl Compactor {
         summarizer: Arc<dyn Summarizer>,
         options: &Options,
     ) -> Decision {
-        let decision = self.inner.decide(key, request, summarizer.as_ref(), options).await;
+        let started = Instant::now();
+        let cfg = self.engine().config();
+        // An extractive digest takes milliseconds: made inline, never postponed.
+        let model = summarizer.name() != ExtractiveSummarizer.name();
+        let options = Options { postpone_folds: model && !options.force, ..options.clone() };
+        let deadline = started + self.inner.digest_wait;
+        let summarizer_ref = summarizer.as_ref();
+        let busy = self.inner.background.contains_key(key);
+        let mut decision =
+            self.inner.decide(key, request, summarizer_ref, &options, busy, deadline).await;
+        if decision.blocked {
+            // The request does not fit without the fold its conversation is summarizing
+            // in the background: wait for it (within the deadline), then compact again,
+            // applying it if it landed, else folding inline (extractive past the deadline).
+            let waiting = Instant::now();
+            self.inner.await_background(key, deadline).await;
+            let waited = waiting.elapsed();
+            let late = Instant::now() >= deadline;
+            let fallback: &dyn Summarizer =
+                if late { &ExtractiveSummarizer } else { summarizer_ref };
+            decision = self.inner.decide(key, request, fallback, &options, false, deadline).await;
+            decision.fold_wait += waited;
+        }
         if let Some(report) = &decision.report {
-            let cfg = self.engine().config();
             let threshold = (report.budget.budget as f64 * cfg.prefetch_ratio) as usize;
             let growing =
                 report.tokens_after > threshold && report.tokens_after <= report.budget.trigger;
-            if cfg.enabled && cfg.prefetch && growing && report.blocks_new == 0 && !options.force {
-                self.spawn_prefetch(key.clone(), request.clone(), summarizer, report.tokens_after);
+            if report.fold_postponed {
+                self.spawn_background(key.clone(), request.clone(), summarizer, Ahead::Due);
+            } else if cfg.enabled
+                && cfg.prefetch
+                && growing
+                && report.blocks_new == 0
+                && !options.force
+            {
+                let ahead = Ahead::Prefetch { forwarded_tokens: report.tokens_after };
+                self.spawn_background(key.clone(), request.clone(), summarizer, ahead);
             }
         }
         decision
     }
 
-    /// Summarizes the next fold in the background (see [`Engine::prefetch`]). At most one
-    /// prefetch per session runs at a time, and the session's lock is not held during the
-    /// model call: the conversation's next requests must not wait for a digest they do
-    /// not need yet.
-    fn spawn_prefetch(
+    /// Summarizes a fold outside the request path (see [`Engine::prefetch`]): ahead of
+    /// need, or a fold a request postponed. At most one runs per session at a time, and
+    /// the session's lock is not held during the model call: the conversation's next
+    /// requests must not wait for a digest while they still fit.
+    fn spawn_background(
         &self,
         key: SessionKey,
         request: ChatRequest,
         summarizer: Arc<dyn Summarizer>,
-        forwarded_tokens: usize,
+        ahead: Ahead,
     ) {
-        if !self.inner.prefetching.insert(key.clone()) {
-            return;
-        }
+        let (done, running) = watch::channel(false);
+        match self.inner.background.entry(key.clone()) {
+            dashmap::Entry::Occupied(_) => return,
+            dashmap::Entry::Vacant(e) => e.insert(running),
+        };
         let inner = self.inner.clone();
         tokio::spawn(async move {
-            let _in_flight = InFlight { inner: inner.clone(), key: key.clone() };
+            let _in_flight = InFlight { inner: inner.clone(), key: key.clone(), done };
             let snapshot = {
                 let _guard = inner.locks.lock(&key).await;
                 inner.store.load(&key).await
             };
-            let Ok(Some(Loaded { mut state, .. })) = snapshot else { return };
+            let mut state = match snapshot {
+                Ok(Some(Loaded { state, .. })) => state,
+                Ok(None) => SessionState::default(),
+                Err(_) => return,
+            };
             if let Some(counts) = &inner.counts {
                 state.token_cache = counts.copy(&key);
             }
             // Other processes must not summarize the same range meanwhile.
             let leased = inner.leased(summarizer.as_ref(), &key);
             let summarizer: &dyn Summarizer = leased.as_ref().map_or(summarizer.as_ref(), |l| l);
-            let run = inner.engine.prefetch(&request, &mut state, summarizer, forwarded_tokens);
+            let run = inner.engine.prefetch(&request, &mut state, summarizer, ahead);
             let result = AssertUnwindSafe(run).catch_unwind().await;
             let Some(block) = state.pending.take() else {
                 if let Some(leased) = leased {
@@ -215,7 +272,7 @@ impl Compactor {
                 return match result {
                     Ok(Err(e)) => tracing::warn!(error = %e, "prefetch failed"),
                     Err(panic) => {
-                        tracing::error!(error = %panic_message(panic.as_ref()), "prefetch failed");
+                        tracing::error!(error = %panic_message(panic.as_ref()), "background fold failed");
                     }
                     Ok(Ok(_)) => {}
                 };
@@ -230,6 +287,10 @@ impl Compactor {
                     latest.pending = Some(block);
                     inner.store.save(&key, latest, revision).await
                 }
+                Ok(None) if block.start == 0 => {
+                    let fresh = SessionState { pending: Some(block), ..SessionState::default() };
+                    inner.store.save(&key, fresh, 0).await
+                }
                 // The conversation moved past where the block starts meanwhile.
                 Ok(_) => Ok(Saved::Conflict),
                 Err(e) => Err(e),
@@ -241,23 +302,30 @@ impl Compactor {
             match stored {
                 Ok(Saved::Conflict) => {}
                 Ok(Saved::Written) => {
-                    tracing::debug!(session = key.as_str(), "next fold summarized ahead of need")
+                    tracing::debug!(
+                        session = key.as_str(),
+                        ?ahead,
+                        "fold summarized in the background"
+                    )
                 }
-                Err(e) => tracing::warn!(error = %e, "session save after prefetch failed"),
+                Err(e) => tracing::warn!(error = %e, "session save after a background fold failed"),
             }
         });
     }
 }
 
-/// Marks a session's prefetch as running; dropping it (task end or abort) clears the mark.
+/// Marks a session's background fold as running; dropping it (task end or abort) clears
+/// the mark and wakes the requests waiting for it.
 struct InFlight {
     inner: Arc<Inner>,
     key: SessionKey,
+    done: watch::Sender<bool>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.inner.prefetching.remove(&self.key);
+        self.inner.background.remove(&self.key);
+        let _ = self.done.send(true);
     }
 }
 
@@ -273,19 +341,32 @@ impl Inner {
             .then(|| Leased::new(summarizer, self.store.as_ref(), key, self.lease_ttl))
     }
 
+    /// Waits until the background fold of `key` (if any) ends, at most until `deadline`.
+    async fn await_background(&self, key: &SessionKey, deadline: Instant) {
+        let Some(mut running) = self.background.get(key).map(|r| r.clone()) else { return };
+        let until = tokio::time::Instant::from_std(deadline);
+        let _ = tokio::time::timeout_at(until, running.wait_for(|done| *done)).await;
+    }
+
     async fn decide(
         &self,
         key: &SessionKey,
         request: &ChatRequest,
         summarizer: &dyn Summarizer,
         options: &Options,
+        busy: bool,
+        deadline: Instant,
     ) -> Decision {
         let _guard = self.locks.lock(key).await;
         let mut store_error = false;
         let (mut state, revision) = match self.store.load(key).await {
             Ok(found) => found.map_or_else(Default::default, |l| (l.state, l.revision)),
             Err(e) => {
-                log_store_error(&e, self.store.name(), "session load failed; compacting without stored state");
+                log_store_error(
+                    &e,
+                    self.store.name(),
+                    "session load failed; compacting without stored state",
+                );
                 store_error = true;
                 (SessionState::default(), 0)
             }
@@ -295,9 +376,11 @@ impl Inner {
         }
         let before = fingerprint(&state);
         let leased = self.leased(summarizer, key);
-        let engine_summarizer: &dyn Summarizer = leased.as_ref().map_or(summarizer, |l| l);
-        let run = self.engine.compact_request(request, &mut state, engine_summarizer, options);
+        let leased_summarizer: &dyn Summarizer = leased.as_ref().map_or(summarizer, |l| l);
+        let gate = Gate::new(leased_summarizer, busy, Some(deadline));
+        let run = self.engine.compact_request(request, &mut state, &gate, options);
         let result = AssertUnwindSafe(run).catch_unwind().await;
+        let (fold_wait, blocked) = (gate.waited(), gate.blocked());
         if let Some(counts) = &self.counts {
             counts.put(key, std::mem::take(&mut state.token_cache));
         }
@@ -321,21 +404,23 @@ impl Inner {
             }
         }
         release(leased).await;
-        match outcome {
-            Outcome::Unchanged { report } => Decision {
-                outcome: ChatOutcome::Passthrough,
-                rewritten: None,
-                report: Some(report),
-                store_error,
-                error: None,
+        let (outcome, rewritten, report) = match outcome {
+            Outcome::Unchanged { report } => (ChatOutcome::Passthrough, None, report),
+            Outcome::Compacted { body, report, .. } => match self.mode {
+                CompactionMode::Enforce => {
+                    (ChatOutcome::Compacted, Some(Bytes::from(body)), report)
+                }
+                CompactionMode::Observe => (ChatOutcome::Observed, None, report),
             },
-            Outcome::Compacted { body, report, .. } => {
-                let (outcome, rewritten) = match self.mode {
-                    CompactionMode::Enforce => (ChatOutcome::Compacted, Some(Bytes::from(body))),
-                    CompactionMode::Observe => (ChatOutcome::Observed, None),
-                };
-                Decision { outcome, rewritten, report: Some(report), store_error, error: None }
-            }
+        };
+        Decision {
+            outcome,
+            rewritten,
+            report: Some(report),
+            store_error,
+            error: None,
+            fold_wait,
+            blocked,
         }
     }
 }
@@ -407,6 +492,8 @@ impl Decision {
             report: None,
             store_error,
             error: Some(error),
+            fold_wait: Duration::ZERO,
+            blocked: false,
         }
     }
 }
@@ -488,12 +575,7 @@ mod tests {
     async fn a_panic_inside_compaction_fails_open() {
         let store = Arc::new(MemoryStore::new(std::time::Duration::from_secs(60), 10));
         let decision = compactor(store)
-            .decide(
-                &SessionKey::from_digest("k"),
-                &long_request(),
-                Arc::new(Panicking),
-                &Options::default(),
-            )
+            .decide(&SessionKey::from_digest("k"), &long_request(), Arc::new(Panicking), &inline())
             .await;
         assert_eq!(decision.outcome, ChatOutcome::FailedOpen);
         assert!(decision.rewritten.is_none(), "the original is forwarded");
@@ -594,8 +676,7 @@ mod tests {
         let summarizer = Arc::new(Counting::default());
         // Another replica holds the conversation's lease.
         let other = store.try_lease(&key, Duration::from_secs(1)).await.unwrap().unwrap();
-        let decision =
-            compactor.decide(&key, &long_request(), summarizer.clone(), &Options::default()).await;
+        let decision = compactor.decide(&key, &long_request(), summarizer.clone(), &inline()).await;
         let report = decision.report.unwrap();
         assert!(report.fold_deferred, "{report:?}");
         assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 0, "no duplicate call");
@@ -603,8 +684,7 @@ mod tests {
         assert!(store.store().load(&key).await.unwrap().is_none_or(|l| l.state.blocks.is_empty()));
         // Once the lease is free, the next request folds, once.
         store.release(&key, other).await.unwrap();
-        let decision =
-            compactor.decide(&key, &long_request(), summarizer.clone(), &Options::default()).await;
+        let decision = compactor.decide(&key, &long_request(), summarizer.clone(), &inline()).await;
         assert!(!decision.report.unwrap().fold_deferred);
         assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 1);
         let stored = store.store().load(&key).await.unwrap().unwrap();
@@ -618,9 +698,8 @@ mod tests {
         let store = Arc::new(SharedMemory::new());
         let compactor = compactor(store.clone());
         let key = SessionKey::from_digest("k");
-        let decision = compactor
-            .decide(&key, &long_request(), Arc::new(Counting::default()), &Options::default())
-            .await;
+        let decision =
+            compactor.decide(&key, &long_request(), Arc::new(Counting::default()), &inline()).await;
         assert_eq!(decision.outcome, ChatOutcome::Compacted);
         let stored = store.store().load(&key).await.unwrap().unwrap();
         // Another replica stored a state of its own meanwhile (one revision on).
@@ -635,5 +714,54 @@ mod tests {
         inner.save(&key, other, stored.revision).await.unwrap();
         let after = store.store().load(&key).await.unwrap().unwrap();
         assert_eq!(after.state.blocks, stored.state.blocks);
+    }
+
+    /// Options under which a due fold is made inline (as a request that does not fit).
+    fn inline() -> Options {
+        Options { force: true, ..Options::default() }
+    }
+
+    /// Waits until no background fold of `key` runs.
+    async fn settled(compactor: &Compactor, key: &SessionKey) {
+        while compactor.inner.background.contains_key(key) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fold_due_while_the_request_fits_is_made_in_the_background_and_applied_later() {
+        let store = Arc::new(SharedMemory::new());
+        let compactor = compactor(store.clone());
+        let key = SessionKey::from_digest("k");
+        let summarizer = Arc::new(Counting::default());
+        let calls = || summarizer.0.load(std::sync::atomic::Ordering::SeqCst);
+        // Another replica holds the lease: the request is cut to fit, the fold postponed,
+        // and the background fold defers to the other replica.
+        let other = store.try_lease(&key, Duration::from_secs(1)).await.unwrap().unwrap();
+        let decision =
+            compactor.decide(&key, &long_request(), summarizer.clone(), &Options::default()).await;
+        let report = decision.report.unwrap();
+        assert!(report.fold_postponed, "{report:?}");
+        assert!(report.tokens_after <= report.budget.fit_limit(), "fits: {report:?}");
+        assert_eq!(decision.fold_wait, Duration::ZERO);
+        settled(&compactor, &key).await;
+        assert_eq!(calls(), 0, "no duplicate of the other replica's call");
+        // Lease free: the next request postpones again and its fold is summarized behind it.
+        store.release(&key, other).await.unwrap();
+        let decision =
+            compactor.decide(&key, &long_request(), summarizer.clone(), &Options::default()).await;
+        assert!(decision.report.unwrap().fold_postponed);
+        settled(&compactor, &key).await;
+        assert_eq!(calls(), 1);
+        let stored = store.store().load(&key).await.unwrap().unwrap();
+        assert!(stored.state.pending.is_some(), "the digest landed as the pending fold");
+        // The first request after it lands applies it, without another call or a wait.
+        let decision =
+            compactor.decide(&key, &long_request(), summarizer.clone(), &Options::default()).await;
+        let report = decision.report.unwrap();
+        assert!(report.used_prefetched && !report.fold_postponed, "{report:?}");
+        assert_eq!(calls(), 1);
+        assert_eq!(decision.fold_wait, Duration::ZERO);
+        assert!(store.leases.lock().unwrap().is_empty(), "the lease was released");
     }
 }

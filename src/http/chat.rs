@@ -173,6 +173,7 @@ fn record(metrics: &Metrics, chat: &ChatState, decision: &Decision, model: &'sta
     metrics.tokens_saved.with_label_values(&[model]).inc_by(before.saturating_sub(forwarded));
     if matches!(decision.outcome, ChatOutcome::Compacted | ChatOutcome::Observed) && before > 0 {
         metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
+        metrics.fold_wait.observe(decision.fold_wait.as_secs_f64());
         let tier = TIERS.get(usize::from(report.tier)).copied().unwrap_or("other");
         metrics.compactions.with_label_values(&[tier, outcome]).inc();
     }
@@ -297,6 +298,8 @@ fn log_decision(decision: &Decision, retry: bool) {
         elided = report.elided,
         dropped = report.dropped,
         blocks_reused = report.blocks_reused,
+        fold_postponed = report.fold_postponed,
+        fold_wait_ms = decision.fold_wait.as_millis() as u64,
         blocks_new = report.blocks_new,
         summarizer = report.summarizer.as_deref().unwrap_or("-"),
         summarizer_error = report.summarizer_error.as_deref().unwrap_or("-"),
@@ -323,6 +326,10 @@ fn with_report_headers(
         set("x-foldgate-tokens-before", HeaderValue::from(*tokens_before));
         set("x-foldgate-tokens-after", HeaderValue::from(*tokens_after));
         set("x-foldgate-tier", HeaderValue::from(u16::from(*tier)));
+    }
+    if !decision.fold_wait.is_zero() {
+        let millis = u64::try_from(decision.fold_wait.as_millis()).unwrap_or(u64::MAX);
+        set("x-foldgate-fold-wait-ms", HeaderValue::from(millis));
     }
     if retried {
         set("x-foldgate-retried", HeaderValue::from_static("1"));
