@@ -205,6 +205,9 @@ pub struct Metrics {
     pub store_duration: HistogramVec,
     /// Retries after a context-length error, by result (`retried`, `nothing_to_compact`).
     pub overflow_retries: IntCounterVec,
+    /// Learned context windows: `learned` (a provider stated a smaller window than
+    /// known), `applied` (a chat request was planned against a learned window).
+    pub learned_windows: IntCounterVec,
     per_request: PerRequest,
 }
 
@@ -346,6 +349,11 @@ impl Metrics {
                 "Retries after a context-length error, by result.",
                 &["result"],
             )?,
+            learned_windows: counter(
+                "learned_windows_total",
+                "Context windows learned from overflow errors (learned), and chat requests planned against one (applied).",
+                &["event"],
+            )?,
             registry,
             per_request: PerRequest::default(),
         }
@@ -387,6 +395,9 @@ impl Metrics {
         self.summarizer_failures.with_label_values(&["failed"]);
         for result in ["retried", "nothing_to_compact"] {
             self.overflow_retries.with_label_values(&[result]);
+        }
+        for event in ["learned", "applied"] {
+            self.learned_windows.with_label_values(&[event]);
         }
         for op in StoreOp::ALL {
             self.store_errors.with_label_values(&[op.as_str()]);

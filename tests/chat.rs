@@ -440,3 +440,65 @@ async fn a_slow_prefetch_does_not_hold_up_the_conversations_next_request() {
     }
     panic!("no prefetch started");
 }
+
+/// A provider whose model has a 16,000-token window, smaller than foldgate's table says
+/// (128k for gpt-4o): prompts over it are rejected as OpenAI does, stating the window.
+fn small_window_provider(rejected: Arc<std::sync::atomic::AtomicUsize>) -> Handler {
+    let normal = provider(Arc::new(ProviderStats::default()));
+    let cache = Arc::new(std::sync::Mutex::new(TokenCache::default()));
+    Arc::new(move |rec: Recorded| {
+        let (normal, rejected, cache) = (normal.clone(), rejected.clone(), cache.clone());
+        Box::pin(async move {
+            if !rec.headers.contains_key("x-foldgate-summary") {
+                let request = ChatRequest::parse(&rec.body).unwrap();
+                let config = foldgate::config::CompactionConfig::default();
+                let budget = Budget::of(&request, &config, &Options::default());
+                let engine = foldgate::compaction::Engine::new(config);
+                let tokens = engine.count_prompt(&request, &budget, &mut cache.lock().unwrap());
+                if tokens > 16_000 {
+                    rejected.fetch_add(1, Ordering::SeqCst);
+                    let message = format!(
+                        "This model's maximum context length is 16000 tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."
+                    );
+                    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}});
+                    return response(400, body.to_string());
+                }
+            }
+            normal(rec).await
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_learned_from_one_overflow_serves_every_conversation_of_the_model() {
+    let rejected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mock = MockUpstream::start(small_window_provider(rejected.clone())).await;
+    let mut config = chat_config(&mock.url());
+    config.compaction.max_context_tokens = None;
+    let proxy = Proxy::start(config).await;
+    let mut learned_seen = 0;
+    for (seed, session) in [(3, "first"), (4, "second")] {
+        let bodies =
+            common::sessions::session_requests(common::sessions::Shape::ToolCalling, seed, 30_000);
+        for (i, request) in bodies.iter().enumerate() {
+            let (status, headers, _) =
+                send(chat_request(&proxy, request.body.clone(), "Bearer k", session)).await;
+            assert_eq!(status, StatusCode::OK, "{session} request {i}");
+            if headers.contains_key("x-foldgate-learned-window") {
+                assert_eq!(header(&headers, "x-foldgate-learned-window"), "16000");
+                learned_seen += 1;
+            }
+        }
+    }
+    assert_eq!(
+        rejected.load(Ordering::SeqCst),
+        1,
+        "one rejected request for the model, not one per request"
+    );
+    assert!(learned_seen > 20, "later requests were planned against the learned window");
+    let text = String::from_utf8(
+        send(Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await.2.to_vec(),
+    )
+    .unwrap();
+    assert!(text.contains(r#"foldgate_learned_windows_total{event="learned"} 1"#), "{text}");
+}

@@ -374,3 +374,15 @@ async fn saves_compare_and_swap_and_leases_expire() {
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     assert!(store.try_lease(&key, ttl).await.unwrap().is_some(), "a lease expires by itself");
 }
+
+#[tokio::test]
+async fn learned_windows_are_shared_through_redis() {
+    let Some(redis) = RedisServer::start() else { return };
+    let (a, b) = (store(&redis), store(&redis));
+    assert!(b.load_windows().await.unwrap().is_empty());
+    a.save_window("api.openai.com/v1|gpt-4o", 16_000).await.unwrap();
+    assert_eq!(b.load_windows().await.unwrap(), [("api.openai.com/v1|gpt-4o".to_owned(), 16_000)]);
+    let mut conn = redis.connection().await;
+    let ttl: i64 = redis::cmd("PTTL").arg("foldgate:windows").query_async(&mut conn).await.unwrap();
+    assert!(ttl > 0, "the windows expire: {ttl}");
+}

@@ -8,6 +8,7 @@
 mod counts;
 mod gate;
 mod lease;
+pub mod windows;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 use self::counts::LocalCounts;
 use self::gate::Gate;
 use self::lease::Leased;
+use self::windows::LearnedWindows;
 use crate::compaction::engine::Ahead;
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
 use crate::config::CompactionMode;
@@ -107,6 +109,8 @@ struct Inner {
     lease_ttl: Duration,
     /// The longest a request that does not fit waits for a digest.
     digest_wait: Duration,
+    /// Context windows learned from providers' overflow errors.
+    windows: LearnedWindows,
 }
 
 /// How a compactor shares a conversation with other processes through its store, and
@@ -163,8 +167,41 @@ impl Compactor {
             counts,
             lease_ttl: sharing.lease_ttl,
             digest_wait: sharing.digest_wait,
+            windows: LearnedWindows::default(),
         };
         Self { inner: Arc::new(inner) }
+    }
+
+    /// The context window learned for `model_key` (see [`windows::model_key`]).
+    pub fn learned_window(&self, model_key: &str) -> Option<usize> {
+        self.inner.windows.get(model_key)
+    }
+
+    /// Remembers the window a provider stated for `model_key` (and shares it through a
+    /// shared store); true when it was not known (or was larger).
+    pub async fn learn_window(&self, model_key: &str, tokens: usize) -> bool {
+        let learned = self.inner.windows.learn(model_key, tokens);
+        if learned && self.inner.store.is_shared() {
+            if let Err(e) = self.inner.store.save_window(model_key, tokens as u64).await {
+                tracing::debug!(error = %e, "learned window not shared");
+            }
+        }
+        learned
+    }
+
+    /// Reads the windows other processes learned, when the store is shared.
+    pub async fn refresh_windows(&self) {
+        if !self.inner.store.is_shared() {
+            return;
+        }
+        match self.inner.store.load_windows().await {
+            Ok(windows) => {
+                for (model_key, tokens) in windows {
+                    self.inner.windows.learn(&model_key, usize::try_from(tokens).unwrap_or(0));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "learned windows not read"),
+        }
     }
 
     /// The engine.

@@ -17,7 +17,7 @@ use super::session_key::session_key;
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped;
 use crate::compaction::{Options, Report};
-use crate::compactor::{ChatOutcome, Compactor, Decision};
+use crate::compactor::{ChatOutcome, Compactor, Decision, windows};
 use crate::metrics::{Metrics, Route, TIERS, model_label};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
@@ -121,13 +121,20 @@ pub async fn handle(
         metrics: metrics.clone(),
     });
     let parsed = Arc::new(parsed);
-    let decision = chat.decide(&key, &parsed, summarizer.clone(), &Options::default()).await;
+    let model_key = windows::model_key(upstream.name(), &parsed.model().unwrap_or_default());
+    let learned = chat.compactor.learned_window(&model_key);
+    if learned.is_some() {
+        metrics.learned_windows.with_label_values(&["applied"]).inc();
+    }
+    let options = Options { window_cap: learned, ..Options::default() };
+    let decision = chat.decide(&key, &parsed, summarizer.clone(), &options).await;
     log_decision(&decision, false);
     let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
     let response = tapped(client_response(response), metrics, Some(model));
     let tag = |response, decision: &Decision, retried| {
         record(metrics, chat, decision, model);
-        with_report_headers(response, decision, key.as_str(), retried)
+        let response = with_report_headers(response, decision, key.as_str(), retried);
+        with_learned_window(response, learned)
     };
     if !matches!(response.status(), StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE) {
         return Ok(tag(response, &decision, false));
@@ -143,6 +150,12 @@ pub async fn handle(
     let as_received = |head| Response::from_parts(head, full(error_body.clone()));
     if !is_context_overflow(&error_body) {
         return Ok(tag(as_received(head), &decision, false));
+    }
+    if let Some(window) = stated_window(&error_body) {
+        if chat.compactor.learn_window(&model_key, window).await {
+            metrics.learned_windows.with_label_values(&["learned"]).inc();
+            tracing::info!(model = %model_key, window, "context window learned from an overflow error");
+        }
     }
     let options = overflow_options(chat, &decision, &error_body);
     let started = Instant::now();
@@ -305,6 +318,21 @@ fn log_decision(decision: &Decision, retry: bool) {
         summarizer_error = report.summarizer_error.as_deref().unwrap_or("-"),
         "compaction"
     );
+}
+
+/// Says in `x-foldgate-learned-window` that the request was planned against a window
+/// learned from an earlier overflow error.
+fn with_learned_window(
+    mut response: Response<ProxyBody>,
+    learned: Option<usize>,
+) -> Response<ProxyBody> {
+    if let Some(window) = learned {
+        response.headers_mut().insert(
+            HeaderName::from_static("x-foldgate-learned-window"),
+            HeaderValue::from(window),
+        );
+    }
+    response
 }
 
 /// Adds `x-foldgate-*` headers saying what happened.

@@ -279,11 +279,18 @@ async fn pace_timers(state: Arc<AppState>) {
     }
 }
 
-/// Drops expired conversations every minute and refreshes the active-sessions gauge.
+/// Drops expired conversations every minute, refreshes the active-sessions gauge, and
+/// reads the context windows other replicas learned (every 5 s, with a shared store).
 async fn sweep_sessions(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    let mut ticks: u64 = 0;
     loop {
         tick.tick().await;
+        state.chat.compactor.refresh_windows().await;
+        ticks += 1;
+        if ticks % 12 != 1 {
+            continue;
+        }
         let store = state.chat.compactor.store();
         let dropped = store.sweep();
         let active = store.active_sessions();

@@ -32,6 +32,8 @@ pub struct Upstream {
     pool: Arc<ConnectionPool>,
     /// Base path without a trailing slash, e.g. `/v1` or `/api/v1`.
     base_path: String,
+    /// `host[:port]/base`, naming the upstream (never its credentials).
+    name: String,
     connect_timeout: Duration,
     first_byte_timeout: Duration,
 }
@@ -45,6 +47,8 @@ impl Upstream {
         let authority =
             uri.authority().cloned().ok_or_else(|| UpstreamSetupError::Url("no host".into()))?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
+        let host = authority.as_str().rsplit('@').next().unwrap_or_default();
+        let name = format!("{host}{base_path}");
 
         let connector =
             https_connector(config).map_err(|e| UpstreamSetupError::Tls(e.to_string()))?;
@@ -59,9 +63,15 @@ impl Upstream {
         Ok(Self {
             pool: Arc::new(pool),
             base_path,
+            name,
             connect_timeout: config.connect_timeout,
             first_byte_timeout: config.first_byte_timeout,
         })
+    }
+
+    /// `host[:port]/base`: which upstream this is, for keys (no credentials).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The upstream URI, in origin form (`/base/rest?query`), for a request to foldgate's

@@ -115,6 +115,17 @@ pub trait SessionStore<S>: Send + Sync {
         Ok(())
     }
 
+    /// Context windows learned from providers, by model key, that other processes
+    /// shared through this store. A store used by one process has none to share.
+    async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Shares a learned context window with the other processes of this store.
+    async fn save_window(&self, _model: &str, _tokens: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Conversations currently held (for the active-sessions gauge), when the store can
     /// tell cheaply; a shared store reports the ones this process has seen lately.
     fn active_sessions(&self) -> usize;

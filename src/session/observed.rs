@@ -83,6 +83,14 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
         result
     }
 
+    async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.inner.load_windows().await
+    }
+
+    async fn save_window(&self, model: &str, tokens: u64) -> Result<(), StoreError> {
+        self.inner.save_window(model, tokens).await
+    }
+
     fn active_sessions(&self) -> usize {
         self.inner.active_sessions()
     }

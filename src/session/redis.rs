@@ -12,6 +12,8 @@
 //! - `<p>s:<key>`: a hash of `v` (schema version of the state), `rev` (revision, one
 //!   more on every save) and `state` (the state as JSON); it expires `ttl` after last use.
 //! - `<p>l:<key>`: the summarization lease, a random token that expires by itself.
+//! - `<p>windows`: context windows learned from providers' overflow errors, a hash of
+//!   model key → tokens (a few entries; expires a week after the last one learned).
 //!
 //! A save is one Lua script, a compare-and-swap on `rev`: it writes only if nobody saved
 //! since the revision the writer loaded, so concurrent replicas never lose each other's
@@ -35,6 +37,9 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use super::{Lease, Loaded, Saved, SessionKey, SessionStore, StoreError, StoredState};
+
+/// The learned-windows hash expires a week after the last window learned.
+const WINDOWS_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// How often an unreachable Redis is pinged until it answers again.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
@@ -248,6 +253,23 @@ impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
         invocation.arg(lease.token);
         let _: i64 = self.run(invocation.invoke_async(&mut conn)).await?;
         Ok(())
+    }
+
+    async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = ::redis::cmd("HGETALL");
+        cmd.arg(format!("{}windows", self.prefix));
+        let all: Vec<(String, u64)> = self.run(cmd.query_async(&mut conn)).await?;
+        Ok(all)
+    }
+
+    async fn save_window(&self, model: &str, tokens: u64) -> Result<(), StoreError> {
+        let key = format!("{}windows", self.prefix);
+        let mut conn = self.conn.clone();
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("HSET").arg(&key).arg(model).arg(tokens).ignore();
+        pipe.cmd("PEXPIRE").arg(&key).arg(WINDOWS_TTL_MS).ignore();
+        self.run(pipe.query_async::<()>(&mut conn)).await
     }
 
     fn active_sessions(&self) -> usize {

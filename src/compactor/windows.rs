@@ -1,0 +1,104 @@
+//! Context windows learned from providers: when a provider rejects a prompt as too long
+//! and states the model's window, that window is remembered for the model (and the
+//! upstream it was served by), so that the conversation's later requests, and every
+//! other conversation of that model, are compacted to fit it before they are sent. One
+//! rejected request per model, not one per request.
+//!
+//! Bounded in memory; with a shared store the windows are written there too and read
+//! back periodically, so replicas learn from each other.
+
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+/// At most this many models' windows are remembered.
+const MAX_MODELS: usize = 1024;
+
+/// A learned window is forgotten this long after it was last confirmed (providers
+/// change models' windows; a stale one only makes compaction start early).
+pub const WINDOW_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The windows learned so far, by model key.
+#[derive(Debug, Default)]
+pub struct LearnedWindows {
+    map: DashMap<String, (usize, Instant)>,
+}
+
+impl LearnedWindows {
+    /// The learned window of `model`, if any and not expired.
+    pub fn get(&self, model: &str) -> Option<usize> {
+        if self.map.is_empty() {
+            return None;
+        }
+        self.map.get(model).filter(|e| e.1.elapsed() < WINDOW_TTL).map(|e| e.0)
+    }
+
+    /// Remembers `window` for `model`; true when it is new or smaller than before (a
+    /// window only shrinks: a larger stated one may come from another deployment).
+    pub fn learn(&self, model: &str, window: usize) -> bool {
+        if window == 0 {
+            return false;
+        }
+        if let Some(mut entry) = self.map.get_mut(model) {
+            let fresh = entry.1.elapsed() < WINDOW_TTL;
+            let changed = !fresh || window < entry.0;
+            if changed || window == entry.0 {
+                *entry = (if fresh { entry.0.min(window) } else { window }, Instant::now());
+            }
+            return changed;
+        }
+        if self.map.len() >= MAX_MODELS {
+            self.map.retain(|_, e| e.1.elapsed() < WINDOW_TTL);
+            if self.map.len() >= MAX_MODELS {
+                return false;
+            }
+        }
+        self.map.insert(model.to_owned(), (window, Instant::now()));
+        true
+    }
+
+    /// How many windows are known.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when none is known.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// The key of `model` as served by `upstream`: the same name may be another model (and
+/// window) at another provider.
+pub fn model_key(upstream: &str, model: &str) -> String {
+    let model: String = model.chars().take(200).collect();
+    format!("{upstream}|{model}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_learned_per_model_and_only_shrink() {
+        let windows = LearnedWindows::default();
+        assert_eq!(windows.get("a"), None);
+        assert!(windows.learn("a", 16_000));
+        assert_eq!(windows.get("a"), Some(16_000));
+        assert!(!windows.learn("a", 32_000), "a larger window does not replace a smaller");
+        assert_eq!(windows.get("a"), Some(16_000));
+        assert!(windows.learn("a", 8_000));
+        assert_eq!(windows.get("a"), Some(8_000));
+        assert_eq!(windows.get("b"), None);
+        assert!(!windows.learn("b", 0));
+    }
+
+    #[test]
+    fn memory_is_bounded() {
+        let windows = LearnedWindows::default();
+        for i in 0..MAX_MODELS + 10 {
+            windows.learn(&format!("m{i}"), 1000);
+        }
+        assert_eq!(windows.len(), MAX_MODELS);
+    }
+}
