@@ -6,8 +6,10 @@
     clippy::print_stderr,
     missing_docs
 )]
-//! Proxy passthrough latency: direct to a mock upstream, through nginx, through foldgate,
-//! side by side in one run.
+//! Proxy latency on `POST /v1/chat/completions` below the compaction trigger: direct to a
+//! mock upstream, through nginx, through foldgate as users run it (the default
+//! configuration: compaction on, `info` log with the access log line), and through
+//! foldgate with compaction off, side by side in one run.
 //!
 //! Open loop: requests are sent on a fixed timeline (`PROXYBENCH_RATE`, default 500/s)
 //! and latency runs from the *scheduled* send time to the last byte of the response, so
@@ -57,7 +59,7 @@ const OTHER_LOAD_LIMIT: f64 = 0.25;
 const MAX_REDOS_PER_SLICE: usize = 3;
 const MAX_REDOS: usize = 16;
 const TARGET_RATIO: f64 = 1.3;
-const BODIES: [(&str, usize); 2] = [("2 KB", 2 * 1024), ("500 KB", 500 * 1024)];
+const BODIES: [(&str, usize); 2] = [("2 KB", 2 * 1024), ("50 KB", 50 * 1024)];
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -116,16 +118,23 @@ fn main() {
 enum Target {
     Direct,
     Nginx,
+    /// The default configuration: compaction on, `info` log.
     Foldgate,
+    /// The default configuration with `compaction.enabled = false`.
+    FoldgateOff,
 }
 
+const TARGETS: usize = 4;
+
 impl Target {
-    const ALL: [Target; 3] = [Target::Direct, Target::Nginx, Target::Foldgate];
+    const ALL: [Target; TARGETS] =
+        [Target::Direct, Target::Nginx, Target::Foldgate, Target::FoldgateOff];
     fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct",
             Target::Nginx => "nginx",
             Target::Foldgate => "foldgate",
+            Target::FoldgateOff => "foldgate, compaction off",
         }
     }
 }
@@ -135,12 +144,14 @@ async fn run(settings: &Settings) {
     let work = TempDir::create();
     let mock = start_mock_upstream().await;
     let nginx = start_nginx(&nginx_bin, &work.0, mock, &settings.nginx_workers);
-    let foldgate = start_foldgate(&work.0, mock);
+    let foldgate = start_foldgate(&work.0, mock, true);
+    let foldgate_off = start_foldgate(&work.0, mock, false);
     let client = http_client();
     let uri =
         |addr: SocketAddr| -> Uri { format!("http://{addr}/v1/chat/completions").parse().unwrap() };
-    let uris = [uri(mock), uri(nginx.addr), uri(foldgate.addr)];
-    let pids = [None, Some(nginx.child.id()), Some(foldgate.child.id())];
+    let uris = [uri(mock), uri(nginx.addr), uri(foldgate.addr), uri(foldgate_off.addr)];
+    let pids =
+        [None, Some(nginx.child.id()), Some(foldgate.child.id()), Some(foldgate_off.child.id())];
     let bodies: Vec<Bytes> = BODIES.iter().map(|(_, len)| chat_body(*len)).collect();
     for (target, u) in Target::ALL.iter().zip(&uris) {
         let sample = one_request(client.clone(), u.clone(), bodies[0].clone(), Instant::now());
@@ -155,7 +166,7 @@ async fn run(settings: &Settings) {
     );
     wait_for_quiet().await;
     // Errors while warming up are not in the latency table but are reported with it.
-    let mut warmup_errors = [0usize; 3];
+    let mut warmup_errors = [0usize; TARGETS];
     for body in &bodies {
         for (t, uri) in uris.iter().enumerate() {
             warmup_errors[t] +=
@@ -164,12 +175,12 @@ async fn run(settings: &Settings) {
     }
     // results[body][target][round]. Many short rounds in rotating order: a burst of load
     // from elsewhere on the machine lands on one slice, and the median round ignores it.
-    let mut results: Vec<Vec<Vec<RunStats>>> = vec![vec![Vec::new(); 3]; BODIES.len()];
+    let mut results: Vec<Vec<Vec<RunStats>>> = vec![vec![Vec::new(); TARGETS]; BODIES.len()];
     let mut redo_budget = MAX_REDOS;
     for round in 0..settings.rounds {
         for (b, body) in bodies.iter().enumerate() {
-            for k in 0..3 {
-                let t = (round + k) % 3;
+            for k in 0..TARGETS {
+                let t = (round + k) % TARGETS;
                 let (u, name) = (&uris[t], Target::ALL[t].name());
                 let mut redone = Vec::new();
                 let label = BODIES[b].0;
@@ -197,7 +208,7 @@ async fn run(settings: &Settings) {
         write_section(&path, &report.markdown(settings));
         println!("written to {}", path.display());
     }
-    drop((nginx, foldgate, work));
+    drop((nginx, foldgate, foldgate_off, work));
 }
 
 /// One measured slice after a short unmeasured lead-in, with the CPU used meanwhile.
@@ -498,12 +509,17 @@ fn foldgate_bin() -> PathBuf {
         .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_foldgate")), PathBuf::from)
 }
 
-fn start_foldgate(dir: &Path, upstream: SocketAddr) -> ChildGuard {
+/// foldgate as users run it: the default configuration (and its `info` log, written to
+/// a file as a service manager would), with compaction on or off.
+fn start_foldgate(dir: &Path, upstream: SocketAddr, compaction: bool) -> ChildGuard {
     let addr = free_port();
     let mut command = foldgate_process::serve_command(&foldgate_bin(), addr, upstream);
-    // Passthrough latency: the engine's own cost is measured by its criterion benches.
-    command.current_dir(dir).env("FOLDGATE_COMPACTION__ENABLED", "false");
-    ChildGuard::spawn("foldgate", command, addr, dir.join("foldgate.out"))
+    command
+        .current_dir(dir)
+        .env("FOLDGATE_LOG__LEVEL", "info")
+        .env("FOLDGATE_COMPACTION__ENABLED", compaction.to_string());
+    let log = dir.join(if compaction { "foldgate.out" } else { "foldgate-off.out" });
+    ChildGuard::spawn("foldgate", command, addr, log)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -857,7 +873,7 @@ impl Report {
         settings: &Settings,
         bodies: &[Bytes],
         results: &[Vec<Vec<RunStats>>],
-        warmup_errors: [usize; 3],
+        warmup_errors: [usize; TARGETS],
         nginx_bin: &Path,
     ) -> Self {
         let mut table = String::from(
@@ -894,29 +910,38 @@ impl Report {
                     s[t].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
                 );
             }
-            let p99_ratio = ratio(s[2].p99 - s[0].p99, s[1].p99 - s[0].p99);
-            let p50_ratio = ratio(s[2].p50 - s[0].p50, s[1].p50 - s[0].p50);
             let show = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
-            let _ = writeln!(
-                verdict,
-                "- {label}: foldgate added {:.3} ms, nginx added {:.3} ms at p99 → ratio **{}** \
-                 (target ≤ {TARGET_RATIO} at {} rps: {}); at p50 the ratio is {}",
-                s[2].p99 - s[0].p99,
-                s[1].p99 - s[0].p99,
-                show(p99_ratio),
-                settings.rate,
-                match p99_ratio {
-                    Some(r) if r <= TARGET_RATIO => "met",
-                    Some(_) => "missed",
-                    None => "nginx added nothing measurable",
-                },
-                show(p50_ratio),
-            );
+            for t in [2, 3] {
+                let p50_ratio = ratio(s[t].p50 - s[0].p50, s[1].p50 - s[0].p50);
+                let p99_ratio = ratio(s[t].p99 - s[0].p99, s[1].p99 - s[0].p99);
+                let _ = writeln!(
+                    verdict,
+                    "- {label}, {}: added {:.3} ms at p50 (nginx {:.3} ms) → ratio **{}** \
+                     (target ≤ {TARGET_RATIO} at {} rps: {}); at p99 {:.3} ms (nginx {:.3} ms) \
+                     → ratio {}; CPU {} µs/request (nginx {})",
+                    Target::ALL[t].name(),
+                    s[t].p50 - s[0].p50,
+                    s[1].p50 - s[0].p50,
+                    show(p50_ratio),
+                    settings.rate,
+                    match p50_ratio {
+                        Some(r) if r <= TARGET_RATIO => "met",
+                        Some(_) => "missed",
+                        None => "nginx added nothing measurable",
+                    },
+                    s[t].p99 - s[0].p99,
+                    s[1].p99 - s[0].p99,
+                    show(p99_ratio),
+                    s[t].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
+                    s[1].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
+                );
+            }
         }
         let _ = writeln!(
             verdict,
-            "\nErrors while warming up (not in the table): direct {}, nginx {}, foldgate {}.",
-            warmup_errors[0], warmup_errors[1], warmup_errors[2]
+            "\nErrors while warming up (not in the table): direct {}, nginx {}, foldgate {}, \
+             foldgate with compaction off {}.",
+            warmup_errors[0], warmup_errors[1], warmup_errors[2], warmup_errors[3]
         );
         let nginx_version = Command::new(nginx_bin)
             .arg("-v")
@@ -942,7 +967,7 @@ impl Report {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
             .unwrap_or_default();
         format!(
-            "## Proxy passthrough latency
+            "## Proxy latency on the chat path, default configuration
 
 Command: `scripts/bench-proxy.sh` (installs nginx when it is missing, then runs
 `cargo bench --bench proxy_latency` at real-time priority when allowed).
@@ -953,9 +978,14 @@ Scheduling: {sched}.
 Setup: one process holds the load generator and the mock upstream (hyper 1, reads the
 whole request, answers a {resp} B `chat.completion`); nginx ({nginx}, `worker_processes
 {workers}`, keep-alive upstream pool, `proxy_request_buffering off`, `proxy_buffering
-off`, no access log) and foldgate (bench-profile build, default configuration, log level
-`warn`, compaction off) run as child processes, all on 127.0.0.1. foldgate's tokio
-runtime has one worker thread per core, so nginx gets one worker process per core.
+off`, no access log) and two foldgate processes (bench-profile build) run as child
+processes, all on 127.0.0.1: `foldgate` in the default configuration, as users run it
+(compaction on, log level `info`: one access-log line per request, written to a file),
+and `foldgate, compaction off` (the same with `compaction.enabled = false`). Every
+request is a chat completion below the compaction trigger, so foldgate parses it, finds
+its conversation, counts its tokens (cached after the first request) and forwards the
+original bytes. foldgate runs one connection thread per core, so nginx gets one worker
+process per core.
 
 Load: open loop at {rate} requests/s on a fixed timeline over keep-alive HTTP/1.1
 connections; latency runs from the scheduled send time to the last response byte, so
@@ -971,7 +1001,7 @@ Noise: a slice is *disturbed* when the load generator started its requests more 
 processes per request, which other load on the machine hardly changes.
 
 {table}
-foldgate's added latency over nginx's at p99:
+foldgate's added latency over nginx's (target: at most 1.3x at p50):
 
 {verdict}",
             resp = MOCK_RESPONSE.len(),
@@ -1014,7 +1044,7 @@ fn ratio(foldgate_added: f64, nginx_added: f64) -> Option<f64> {
 
 /// Replaces the section (from its heading to the next `## `) or appends it.
 fn write_section(path: &Path, section: &str) {
-    let heading = "## Proxy passthrough latency";
+    let heading = "## Proxy latency on the chat path, default configuration";
     let old = std::fs::read_to_string(path).unwrap_or_else(|_| {
         "# Performance\n\nMeasured figures; each section names the command that produces it.\n"
             .to_owned()

@@ -6,7 +6,7 @@
 //! foldgate does not use survives unchanged and in order at every level.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -76,24 +76,27 @@ impl Role {
 /// The marker that starts every digest message foldgate writes.
 pub const DIGEST_MARKER: &str = "[COMPACTED CONTEXT]";
 
-/// One chat message: its parsed value, the exact JSON text it came from, and a hash of
-/// that text (the key of the token cache and of fold block ranges).
+/// One chat message: the exact JSON text it came from, a hash of that text (the key of
+/// the token cache and of fold block ranges), and its parsed value.
+///
+/// The value is parsed on first use: a request below the compaction trigger is hashed
+/// and measured from its text alone, and most of its messages are never parsed.
 #[derive(Debug, Clone)]
 pub struct Message {
-    value: Value,
+    value: OnceLock<Value>,
     raw: Box<RawValue>,
     hash: u64,
 }
 
 impl Message {
-    /// Parses one message from its JSON text.
+    /// Wraps one message's JSON text (valid JSON, as a `RawValue` is); it must be an
+    /// object.
     pub fn from_raw(raw: Box<RawValue>) -> Result<Self, ModelError> {
-        let value: Value = serde_json::from_str(raw.get()).map_err(ModelError::NotJson)?;
-        if !value.is_object() {
+        if !raw.get().trim_start().starts_with('{') {
             return Err(ModelError::NoMessages);
         }
         let hash = xxh3_64(raw.get().as_bytes());
-        Ok(Self { value, raw, hash })
+        Ok(Self { value: OnceLock::new(), raw, hash })
     }
 
     /// Wraps a value (serializing it once for its raw text and hash).
@@ -101,12 +104,17 @@ impl Message {
         let text = serde_json::to_string(&value).map_err(ModelError::Serialize)?;
         let raw = RawValue::from_string(text).map_err(ModelError::Serialize)?;
         let hash = xxh3_64(raw.get().as_bytes());
-        Ok(Self { value, raw, hash })
+        Ok(Self { value: OnceLock::from(value), raw, hash })
     }
 
-    /// The parsed message.
+    /// The parsed message (parsed now if it was not yet). Text that a `RawValue` held
+    /// always parses; should it not (nesting past serde_json's depth limit), the
+    /// message reads as an empty object.
     pub fn value(&self) -> &Value {
-        &self.value
+        self.value.get_or_init(|| {
+            serde_json::from_str(self.raw.get())
+                .unwrap_or_else(|_| Value::Object(serde_json::Map::new()))
+        })
     }
 
     /// The JSON text of the message as received (or as serialized, if built here).
@@ -121,22 +129,22 @@ impl Message {
 
     /// The object's fields (empty if, impossibly, not an object).
     pub fn fields(&self) -> Option<&Map<String, Value>> {
-        self.value.as_object()
+        self.value().as_object()
     }
 
     /// The role.
     pub fn role(&self) -> Role {
-        Role::parse(self.value.get("role").and_then(Value::as_str).unwrap_or(""))
+        Role::parse(self.value().get("role").and_then(Value::as_str).unwrap_or(""))
     }
 
     /// The `name` field, if any.
     pub fn name(&self) -> Option<&str> {
-        self.value.get("name").and_then(Value::as_str)
+        self.value().get("name").and_then(Value::as_str)
     }
 
     /// The `content` field (string, array of parts, or null/absent).
     pub fn content(&self) -> Option<&Value> {
-        self.value.get("content")
+        self.value().get("content")
     }
 
     /// All text of the content: the string, or the `text` of every text part joined by
@@ -147,12 +155,12 @@ impl Message {
 
     /// The `tool_calls` entries (empty when absent).
     pub fn tool_calls(&self) -> &[Value] {
-        self.value.get("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+        self.value().get("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
     }
 
     /// The legacy `function_call`, if any.
     pub fn function_call(&self) -> Option<&Value> {
-        self.value.get("function_call").filter(|v| v.is_object())
+        self.value().get("function_call").filter(|v| v.is_object())
     }
 
     /// True for an assistant message that calls tools or a function.
@@ -163,7 +171,7 @@ impl Message {
 
     /// `tool_call_id` of a tool message.
     pub fn tool_call_id(&self) -> Option<&str> {
-        self.value.get("tool_call_id").and_then(Value::as_str)
+        self.value().get("tool_call_id").and_then(Value::as_str)
     }
 
     /// True for a digest written by foldgate (content starts with [`DIGEST_MARKER`]).
@@ -222,18 +230,12 @@ impl ChatRequest {
     /// Parses a request body.
     pub fn parse(body: &[u8]) -> Result<Self, ModelError> {
         let top: TopLevel = serde_json::from_slice(body).map_err(ModelError::NotJson)?;
-        Self::from_fields(top.0)
-    }
-
-    fn from_fields(fields: Vec<(String, Box<RawValue>)>) -> Result<Self, ModelError> {
-        let raw = fields.iter().find(|(k, _)| k == "messages").ok_or(ModelError::NoMessages)?;
-        let list: Vec<Box<RawValue>> =
-            serde_json::from_str(raw.1.get()).map_err(|_| ModelError::NoMessages)?;
+        let list = top.messages.ok_or(ModelError::NoMessages)?;
         let messages = list
             .into_iter()
             .map(|m| Message::from_raw(m).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { fields, messages })
+        Ok(Self { fields: top.fields, messages })
     }
 
     /// Builds a request from top-level fields (every field but `messages`) and messages.
@@ -337,7 +339,13 @@ fn write_json_string(out: &mut Vec<u8>, s: &str) {
 }
 
 /// A JSON object read as ordered `(key, raw value)` pairs.
-struct TopLevel(Vec<(String, Box<RawValue>)>);
+/// A request body read in one pass: every top-level field as raw text in order, except
+/// `messages`, whose elements are read as raw text each (its slot in `fields` holds a
+/// placeholder that keeps its position).
+struct TopLevel {
+    fields: Vec<(String, Box<RawValue>)>,
+    messages: Option<Vec<Box<RawValue>>>,
+}
 
 impl<'de> Deserialize<'de> for TopLevel {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -348,16 +356,22 @@ impl<'de> Deserialize<'de> for TopLevel {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevel, A::Error> {
-                let mut out: Vec<(String, Box<RawValue>)> = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, Box<RawValue>>()? {
-                    if let Some(slot) = out.iter_mut().find(|(key, _)| *key == k) {
+                let mut top = TopLevel { fields: Vec::new(), messages: None };
+                while let Some(k) = map.next_key::<String>()? {
+                    let v = if k == "messages" {
+                        top.messages = Some(map.next_value::<Vec<Box<RawValue>>>()?);
+                        RawValue::from_string("[]".to_owned()).map_err(de::Error::custom)?
+                    } else {
+                        map.next_value::<Box<RawValue>>()?
+                    };
+                    if let Some(slot) = top.fields.iter_mut().find(|(key, _)| *key == k) {
                         // Duplicate key: the last one wins, as with serde_json's Map.
                         slot.1 = v;
                     } else {
-                        out.push((k, v));
+                        top.fields.push((k, v));
                     }
                 }
-                Ok(TopLevel(out))
+                Ok(top)
             }
         }
         d.deserialize_map(V).map_err(de::Error::custom)

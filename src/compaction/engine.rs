@@ -84,6 +84,35 @@ impl Engine {
         self.compact_request(&request, state, summarizer, opts).await
     }
 
+    /// A report of `request` left unchanged, when its size, bounded from its text alone,
+    /// is below the trigger and below `prefetch_ratio` (where background folds start):
+    /// compacting it could only forward it as it is, so the caller need not load its
+    /// conversation. `None` when the request must go through [`Engine::compact_request`].
+    /// (A conversation with stored folds is always larger than the folds' range was when
+    /// they were made, unless its model or reply reserve changed: then it fits as sent.)
+    pub fn clearly_below(&self, request: &ChatRequest, opts: &Options) -> Option<Report> {
+        let cfg = &self.cfg;
+        if opts.force || !cfg.enabled {
+            return None;
+        }
+        let budget = Budget::of(request, cfg, opts);
+        let prefetch = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
+        let limit = if cfg.prefetch { budget.trigger.min(prefetch) } else { budget.trigger };
+        let mut cache = TokenCache::new(0);
+        let counter = Counter { encoding: budget.encoding, cache: &mut cache };
+        let msgs = request.messages();
+        let upper = counter.message_upper_bound_total(msgs, request.tools_raw());
+        if upper > limit {
+            return None;
+        }
+        let mut report = Report::new(budget, false, msgs.len(), 0, 0);
+        report.tokens_before = counter.estimate_total(msgs, request.tools_raw()).min(upper);
+        report.tokens_before_exact = false;
+        report.tokens_after = report.tokens_before;
+        report.fits = true;
+        Some(report)
+    }
+
     /// Exact prompt tokens of `request` (messages, tool definitions, reply priming).
     pub fn count_prompt(
         &self,
@@ -111,26 +140,30 @@ impl Engine {
         let cfg = &self.cfg;
         let budget = Budget::of(request, cfg, opts);
         let msgs = request.messages();
+        let tools_raw = request.tools_raw();
+
+        // Below the trigger without stored blocks, measured from the messages' text (and
+        // cached counts) alone: nothing is parsed.
+        if !opts.force && (state.blocks.is_empty() || !cfg.enabled) {
+            let counter = Counter { encoding: budget.encoding, cache: &mut state.token_cache };
+            let upper = counter.message_upper_bound_total(msgs, tools_raw);
+            if upper <= budget.trigger || !cfg.enabled {
+                let mut report = Report::new(budget, opts.force, msgs.len(), 0, 0);
+                let estimate = counter.estimate_total(msgs, tools_raw).min(upper);
+                report.tokens_before = estimate;
+                report.tokens_before_exact = false;
+                report.tokens_after = estimate;
+                report.fits = upper <= report.budget.budget;
+                return Ok(Outcome::Unchanged { report });
+            }
+        }
+
         let units = units(msgs);
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
         let mut report =
             Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
         let SessionState { blocks, token_cache, pending } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
-        let tools_raw = request.tools_raw();
-
-        if !opts.force && (blocks.is_empty() || !cfg.enabled) {
-            let upper = counter.message_upper_bound_total(msgs, tools_raw);
-            if upper <= budget.trigger || !cfg.enabled {
-                let estimate = counter.estimate_total(msgs, tools_raw).min(upper);
-                report.tokens_before = estimate;
-                report.tokens_before_exact = false;
-                report.tokens_after = estimate;
-                report.fits = upper <= budget.budget;
-                report.blocks_reused = 0;
-                return Ok(Outcome::Unchanged { report });
-            }
-        }
 
         let fixed = counter.tools(tools_raw) + REPLY_PRIMING;
         let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();

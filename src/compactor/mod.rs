@@ -520,6 +520,19 @@ fn fingerprint(state: &SessionState) -> u64 {
 }
 
 impl Decision {
+    /// Nothing to compact: forward the original bytes (`report` says what was measured).
+    pub fn unchanged(report: Report) -> Self {
+        Self {
+            outcome: ChatOutcome::Passthrough,
+            rewritten: None,
+            report: Some(report),
+            store_error: false,
+            error: None,
+            fold_wait: Duration::ZERO,
+            blocked: false,
+        }
+    }
+
     /// Compaction did not run to the end: forward the original bytes.
     pub fn failed_open(error: String, store_error: bool) -> Self {
         tracing::error!(%error, "compaction failed; forwarding the original request");

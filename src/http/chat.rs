@@ -116,18 +116,25 @@ pub async fn handle(
     };
     let model = model_label(&parsed.model().unwrap_or_default());
     let key = session_key(&parts.headers, chat.session_header.as_str(), &parsed);
-    let summarizer: Arc<dyn Summarizer> = Arc::new(Timed {
-        inner: chat.summarizer_for(&parts.headers, &parsed),
-        metrics: metrics.clone(),
-    });
     let parsed = Arc::new(parsed);
+    let summarizer = || -> Arc<dyn Summarizer> {
+        Arc::new(Timed {
+            inner: chat.summarizer_for(&parts.headers, &parsed),
+            metrics: metrics.clone(),
+        })
+    };
     let model_key = windows::model_key(upstream.name(), &parsed.model().unwrap_or_default());
     let learned = chat.compactor.learned_window(&model_key);
     if learned.is_some() {
         metrics.learned_windows.with_label_values(&["applied"]).inc();
     }
     let options = Options { window_cap: learned, ..Options::default() };
-    let decision = chat.decide(&key, &parsed, summarizer.clone(), &options).await;
+    // Far below the trigger (most requests of most conversations) the request goes as it
+    // is, decided here from its text: no conversation state, no hop to compaction.
+    let decision = match chat.compactor.engine().clearly_below(&parsed, &options) {
+        Some(report) => Decision::unchanged(report),
+        None => chat.decide(&key, &parsed, summarizer(), &options).await,
+    };
     log_decision(&decision, false);
     let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
     let response = tapped(client_response(response), metrics, Some(model));
@@ -159,7 +166,7 @@ pub async fn handle(
     }
     let options = overflow_options(chat, &decision, &error_body);
     let started = Instant::now();
-    let retry = chat.decide(&key, &parsed, summarizer, &options).await;
+    let retry = chat.decide(&key, &parsed, summarizer(), &options).await;
     log_decision(&retry, true);
     let Some(body) = retry.rewritten.clone() else {
         // Nothing more to take out (or observe mode): the upstream's answer stands.

@@ -90,18 +90,15 @@ pub fn message_tokens(enc: Encoding, msg: &Message) -> usize {
     n
 }
 
-/// A cheap upper bound of [`message_tokens`]: a token is at least one byte of text, and
-/// text never takes more bytes than its JSON encoding.
+/// A cheap upper bound of [`message_tokens`], from the message's JSON text alone (it
+/// need not be parsed): a token is at least one byte of text, text never takes more
+/// bytes than its JSON encoding, and every image part (which names `"image_url"` twice:
+/// its type and its key) and every call (which names `"arguments"`) is charged its most.
 pub fn message_upper_bound(msg: &Message) -> usize {
-    let images = match msg.content() {
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter(|p| p.get("type").and_then(Value::as_str) == Some("image_url"))
-            .count(),
-        _ => 0,
-    };
-    let calls = msg.tool_calls().len() + usize::from(msg.function_call().is_some());
-    msg.raw().len()
+    let raw = msg.raw().as_bytes();
+    let images = memchr::memmem::find_iter(raw, b"\"image_url\"").count().div_ceil(2);
+    let calls = memchr::memmem::find_iter(raw, b"\"arguments\"").count();
+    raw.len()
         + TOKENS_PER_MESSAGE
         + TOKENS_PER_NAME
         + images * IMAGE_UNKNOWN
