@@ -14,6 +14,7 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod model;
+pub mod outline;
 pub mod session;
 pub mod shutdown;
 pub mod summarizer;

@@ -2,7 +2,10 @@
 //! Scenarios of the engine: live-turn folds, elision, reuse and invalidation of blocks,
 //! the summarizer fallback, the token cache and forced compaction.
 
+mod common;
+
 use async_trait::async_trait;
+use common::sessions;
 use foldgate::compaction::{Engine, Options, Outcome, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::model::{ChatRequest, DIGEST_MARKER, Role};
@@ -217,4 +220,40 @@ fn not_a_chat_request_is_an_error() {
         &Options::default(),
     ));
     assert!(r.is_err());
+}
+
+/// What the outline says is clearly below the trigger, the engine forwards unchanged, and
+/// its estimate is never above the exact count's upper bound: checked on every request of
+/// growing sessions, at a window where they cross the prefetch point and the trigger.
+#[tokio::test]
+async fn a_request_clearly_below_the_trigger_is_one_the_engine_leaves_unchanged() {
+    let config =
+        CompactionConfig { max_context_tokens: Some(64_000), ..CompactionConfig::default() };
+    let engine = Engine::new(config);
+    let mut quick = 0;
+    let mut full = 0;
+    for seed in 1..=3 {
+        let bodies = sessions::session_requests(sessions::Shape::CodingAgent, seed, 40_000);
+        for request in bodies {
+            let outline = foldgate::outline::Outline::scan(&request.body).expect("an outline");
+            let Some(report) = engine.clearly_below(&outline, &Options::default()) else {
+                full += 1;
+                continue;
+            };
+            quick += 1;
+            let parsed = ChatRequest::parse(&request.body).unwrap();
+            let mut state = SessionState::default();
+            let outcome = engine
+                .compact_request(&parsed, &mut state, &ExtractiveSummarizer, &Options::default())
+                .await
+                .unwrap();
+            assert!(
+                matches!(outcome, Outcome::Unchanged { .. }),
+                "compacted although clearly below"
+            );
+            let exact = engine.count_prompt(&parsed, &report.budget, &mut state.token_cache);
+            assert!(exact <= report.budget.trigger, "{exact} tokens over the trigger");
+        }
+    }
+    assert!(quick > 10 && full > 10, "both sides were exercised: {quick} quick, {full} full");
 }

@@ -64,14 +64,23 @@ impl Budget {
 
     /// The budget of `request` under `cfg` and `opts`.
     pub fn of(request: &ChatRequest, cfg: &CompactionConfig, opts: &Options) -> Self {
-        let model = opts.model.clone().or_else(|| request.model()).unwrap_or_default();
+        Self::for_model(request.model(), request.max_reply_tokens(), cfg, opts)
+    }
+
+    /// The budget of a request for `model` asking for `max_reply` reply tokens.
+    pub fn for_model(
+        model: Option<String>,
+        max_reply: Option<usize>,
+        cfg: &CompactionConfig,
+        opts: &Options,
+    ) -> Self {
+        let model = opts.model.clone().or(model).unwrap_or_default();
         let spec = resolve(&model, cfg);
         let mut window = spec.context_window;
         for cap in [cfg.max_context_tokens, opts.window_cap].into_iter().flatten() {
             window = window.min(cap);
         }
-        let reserve =
-            request.max_reply_tokens().unwrap_or(cfg.default_reserve_tokens).min(window / 2);
+        let reserve = max_reply.unwrap_or(cfg.default_reserve_tokens).min(window / 2);
         let budget = window - reserve;
         let ratio = |r: f64| (budget as f64 * r.clamp(0.0, 1.0)) as usize;
         let target_ratio = opts.target_ratio.unwrap_or(cfg.target_ratio).min(cfg.trigger_ratio);

@@ -9,10 +9,12 @@ use super::fold::{FoldRules, Region, fold_after};
 use super::keep::Keep;
 use super::plan::{Goals, Plan};
 use super::report::Report;
+use super::tokens::count::{TOKENS_PER_MESSAGE, raw_upper_bound};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::units::{group_tail_start, turn_tail_start, units};
 use crate::config::CompactionConfig;
 use crate::model::{ChatRequest, Message};
+use crate::outline::Outline;
 use crate::summarizer::Summarizer;
 
 /// What to forward.
@@ -84,29 +86,35 @@ impl Engine {
         self.compact_request(&request, state, summarizer, opts).await
     }
 
-    /// A report of `request` left unchanged, when its size, bounded from its text alone,
-    /// is below the trigger and below `prefetch_ratio` (where background folds start):
-    /// compacting it could only forward it as it is, so the caller need not load its
-    /// conversation. `None` when the request must go through [`Engine::compact_request`].
-    /// (A conversation with stored folds is always larger than the folds' range was when
-    /// they were made, unless its model or reply reserve changed: then it fits as sent.)
-    pub fn clearly_below(&self, request: &ChatRequest, opts: &Options) -> Option<Report> {
+    /// A report of a request left unchanged, when its size, bounded from its text alone
+    /// (its [`Outline`]), is below the trigger and below `prefetch_ratio` (where
+    /// background folds start): compacting it could only forward it as it is, so the
+    /// caller need not parse it or load its conversation. `None` when the request must
+    /// go through [`Engine::compact_request`]. (A conversation with stored folds is
+    /// always larger than the folds' range was when they were made, unless its model or
+    /// reply reserve changed: then it fits as sent.)
+    pub fn clearly_below(&self, outline: &Outline<'_>, opts: &Options) -> Option<Report> {
         let cfg = &self.cfg;
         if opts.force || !cfg.enabled {
             return None;
         }
-        let budget = Budget::of(request, cfg, opts);
+        let budget = Budget::for_model(outline.model(), outline.max_reply_tokens(), cfg, opts);
         let prefetch = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
         let limit = if cfg.prefetch { budget.trigger.min(prefetch) } else { budget.trigger };
-        let mut cache = TokenCache::new(0);
-        let counter = Counter { encoding: budget.encoding, cache: &mut cache };
-        let msgs = request.messages();
-        let upper = counter.message_upper_bound_total(msgs, request.tools_raw());
+        let (mut upper, mut estimate, mut count) = (REPLY_PRIMING, REPLY_PRIMING, 0);
+        for raw in outline.messages() {
+            upper += raw_upper_bound(raw);
+            estimate += raw.len() / 4 + TOKENS_PER_MESSAGE;
+            count += 1;
+        }
+        let tools = outline.tools_raw().map_or(0, <[u8]>::len);
+        upper += tools;
+        estimate += tools / 4;
         if upper > limit {
             return None;
         }
-        let mut report = Report::new(budget, false, msgs.len(), 0, 0);
-        report.tokens_before = counter.estimate_total(msgs, request.tools_raw()).min(upper);
+        let mut report = Report::new(budget, false, count, 0, 0);
+        report.tokens_before = estimate.min(upper);
         report.tokens_before_exact = false;
         report.tokens_after = report.tokens_before;
         report.fits = true;

@@ -13,13 +13,14 @@ use hyper::body::Incoming;
 use super::body::{BodyProgress, ProxyBody, ReadError, full, peek, read_limited};
 use super::error::ProxyError;
 use super::passthrough::{self, build_request, client_response, declared_length};
-use super::session_key::session_key;
+use super::session_key::{session_key, session_key_of_outline};
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped;
 use crate::compaction::{Options, Report};
 use crate::compactor::{ChatOutcome, Compactor, Decision, windows};
 use crate::metrics::{Metrics, Route, TIERS, model_label};
 use crate::model::ChatRequest;
+use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::{Credential, LlmSummarizer, SUMMARY_HEADER};
 use crate::summarizer::{
@@ -74,6 +75,16 @@ impl ChatState {
             .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
     }
 
+    /// The summarizer for `request`, its calls timed and its failures counted.
+    fn timed_summarizer(
+        &self,
+        headers: &HeaderMap,
+        request: &ChatRequest,
+        metrics: &Arc<Metrics>,
+    ) -> Arc<dyn Summarizer> {
+        Arc::new(Timed { inner: self.summarizer_for(headers, request), metrics: metrics.clone() })
+    }
+
     fn summarizer_for(&self, headers: &HeaderMap, request: &ChatRequest) -> Box<dyn Summarizer> {
         match &self.summarizers {
             Summarizers::Extractive => Box::new(ExtractiveSummarizer),
@@ -108,32 +119,48 @@ pub async fn handle(
         ReadError::Body(message) => ProxyError::ClientBody(message),
     })?;
     let started = Instant::now();
-    // A body foldgate does not understand goes upstream as it is; the upstream answers.
-    let Ok(parsed) = ChatRequest::parse(&original) else {
-        metrics.chat_requests.with_label_values(&["not_chat"]).inc();
-        let response = send(upstream, metrics, started, &parts, original).await?;
-        return Ok(tapped(client_response(response), metrics, None));
+    // Most requests are decided from their outline alone (see below); the others, and a
+    // body the outline scan does not follow, are parsed.
+    let outline = Outline::scan(&original);
+    let mut parsed = None;
+    let model_name = match &outline {
+        Some(outline) => outline.model(),
+        None => match ChatRequest::parse(&original) {
+            Ok(request) => parsed.insert(Arc::new(request)).model(),
+            Err(_) => return not_chat(upstream, metrics, started, &parts, original).await,
+        },
     };
-    let model = model_label(&parsed.model().unwrap_or_default());
-    let key = session_key(&parts.headers, chat.session_header.as_str(), &parsed);
-    let parsed = Arc::new(parsed);
-    let summarizer = || -> Arc<dyn Summarizer> {
-        Arc::new(Timed {
-            inner: chat.summarizer_for(&parts.headers, &parsed),
-            metrics: metrics.clone(),
-        })
-    };
-    let model_key = windows::model_key(upstream.name(), &parsed.model().unwrap_or_default());
+    let model = model_label(model_name.as_deref().unwrap_or_default());
+    let model_key = windows::model_key(upstream.name(), model_name.as_deref().unwrap_or_default());
     let learned = chat.compactor.learned_window(&model_key);
     if learned.is_some() {
         metrics.learned_windows.with_label_values(&["applied"]).inc();
     }
     let options = Options { window_cap: learned, ..Options::default() };
     // Far below the trigger (most requests of most conversations) the request goes as it
-    // is, decided here from its text: no conversation state, no hop to compaction.
-    let decision = match chat.compactor.engine().clearly_below(&parsed, &options) {
-        Some(report) => Decision::unchanged(report),
-        None => chat.decide(&key, &parsed, summarizer(), &options).await,
+    // is: not parsed, no conversation state, no hop to the compaction runtime.
+    let quick = outline.as_ref().and_then(|outline| {
+        let report = chat.compactor.engine().clearly_below(outline, &options)?;
+        let key = session_key_of_outline(&parts.headers, chat.session_header.as_str(), outline);
+        Some((Decision::unchanged(report), key))
+    });
+    drop(outline);
+    let (decision, key) = match quick {
+        Some(quick) => quick,
+        None => {
+            let request = match parsed.take() {
+                Some(request) => request,
+                None => match ChatRequest::parse(&original) {
+                    Ok(request) => Arc::new(request),
+                    Err(_) => return not_chat(upstream, metrics, started, &parts, original).await,
+                },
+            };
+            let key = session_key(&parts.headers, chat.session_header.as_str(), &request);
+            let summarizer = chat.timed_summarizer(&parts.headers, &request, metrics);
+            let decision = chat.decide(&key, &request, summarizer, &options).await;
+            parsed = Some(request);
+            (decision, key)
+        }
     };
     log_decision(&decision, false);
     let response = send(upstream, metrics, started, &parts, decision.body(&original)).await?;
@@ -164,9 +191,17 @@ pub async fn handle(
             tracing::info!(model = %model_key, window, "context window learned from an overflow error");
         }
     }
+    let request = match parsed {
+        Some(request) => request,
+        None => match ChatRequest::parse(&original) {
+            Ok(request) => Arc::new(request),
+            Err(_) => return Ok(tag(as_received(head), &decision, false)),
+        },
+    };
     let options = overflow_options(chat, &decision, &error_body);
     let started = Instant::now();
-    let retry = chat.decide(&key, &parsed, summarizer(), &options).await;
+    let summarizer = chat.timed_summarizer(&parts.headers, &request, metrics);
+    let retry = chat.decide(&key, &request, summarizer, &options).await;
     log_decision(&retry, true);
     let Some(body) = retry.rewritten.clone() else {
         // Nothing more to take out (or observe mode): the upstream's answer stands.
@@ -248,6 +283,19 @@ async fn send(
     let result = upstream.send(request).await;
     metrics.observe_upstream_ttfb(Route::ChatCompletions, sent.elapsed().as_secs_f64());
     result
+}
+
+/// Forwards a body foldgate does not understand as it is; the upstream answers.
+async fn not_chat(
+    upstream: &Upstream,
+    metrics: &Arc<Metrics>,
+    started: Instant,
+    parts: &http::request::Parts,
+    original: Bytes,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    metrics.chat_requests.with_label_values(&["not_chat"]).inc();
+    let response = send(upstream, metrics, started, parts, original).await?;
+    Ok(tapped(client_response(response), metrics, None))
 }
 
 /// Options for the retry after an overflow: forced, to half the usual target, within the

@@ -10,6 +10,7 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use crate::model::{ChatRequest, Role};
+use crate::outline::Outline;
 use crate::session::SessionKey;
 
 /// Headers that carry a client credential, in the order they are looked up.
@@ -22,6 +23,37 @@ pub fn credential(headers: &HeaderMap) -> Option<(&'static str, &http::HeaderVal
 
 /// The session key of `request`: tenant-scoped, from `session_header` or a fingerprint.
 pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequest) -> SessionKey {
+    key(headers, session_header, || {
+        let first = |role: Role| {
+            request
+                .messages()
+                .iter()
+                .find(|m| m.role() == role || (role == Role::System && m.role() == Role::Developer))
+                .map(|m| m.raw().as_bytes())
+        };
+        (request.model().unwrap_or_default(), first(Role::System), first(Role::User))
+    })
+}
+
+/// [`session_key`] of a request known by its [`Outline`] (the same key).
+pub fn session_key_of_outline(
+    headers: &HeaderMap,
+    session_header: &str,
+    outline: &Outline<'_>,
+) -> SessionKey {
+    key(headers, session_header, || {
+        let model = outline.model().unwrap_or_default();
+        (model, outline.first_with_role(Role::System), outline.first_with_role(Role::User))
+    })
+}
+
+/// The key from the credential and the session header, or else from the fingerprint
+/// `(model, first system message, first user message)` that `fingerprint` gives.
+fn key<'a>(
+    headers: &HeaderMap,
+    session_header: &str,
+    fingerprint: impl FnOnce() -> (String, Option<&'a [u8]>, Option<&'a [u8]>),
+) -> SessionKey {
     let mut hash = Sha256::new();
     hash.update(b"foldgate/session/v1\0");
     match credential(headers) {
@@ -39,15 +71,13 @@ pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequ
             hash.update(id.as_bytes());
         }
         None => {
+            let (model, system, user) = fingerprint();
             hash.update(b"fingerprint\0");
-            hash.update(request.model().unwrap_or_default().as_bytes());
-            for role in [Role::System, Role::User] {
+            hash.update(model.as_bytes());
+            for first in [system, user] {
                 hash.update(b"\0");
-                let first = request.messages().iter().find(|m| {
-                    m.role() == role || (role == Role::System && m.role() == Role::Developer)
-                });
-                if let Some(message) = first {
-                    hash.update(message.raw().as_bytes());
+                if let Some(raw) = first {
+                    hash.update(raw);
                 }
             }
         }
@@ -116,5 +146,25 @@ mod tests {
         let key = session_key(&h, "x-session-id", &request("x"));
         assert_eq!(key.as_str().len(), 32);
         assert!(!key.as_str().contains("secret") && !key.as_str().contains("my-session"));
+    }
+
+    #[test]
+    fn the_outline_gives_the_key_the_parsed_request_gives() {
+        let bodies = [
+            r#"{"model":"gpt-4o","messages":[{"role":"developer","content":"d"},{"role":"assistant","content":"a"},{"role":"user","content":[{"type":"text","text":"t"}]}]}"#,
+            r#"{ "messages" : [ {"content":"no role"}, { "role" : "user" , "content" : "u" } ] }"#,
+            r#"{"model":"m","messages":[]}"#,
+        ];
+        for body in bodies {
+            let parsed = ChatRequest::parse(body.as_bytes()).unwrap();
+            let outline = Outline::scan(body.as_bytes()).unwrap();
+            for h in [headers(&[("api-key", "k")]), headers(&[("x-session-id", "s")])] {
+                assert_eq!(
+                    session_key(&h, "x-session-id", &parsed),
+                    session_key_of_outline(&h, "x-session-id", &outline),
+                    "{body}"
+                );
+            }
+        }
     }
 }

@@ -8,6 +8,9 @@
 //! Image parts cost by detail: `low` is 85 tokens, `high`/`auto` 85 plus 170 per 512 px
 //! tile, and the largest possible tiling when the size is unknown.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde_json::Value;
 
 use super::encoding::Encoding;
@@ -95,9 +98,15 @@ pub fn message_tokens(enc: Encoding, msg: &Message) -> usize {
 /// bytes than its JSON encoding, and every image part (which names `"image_url"` twice:
 /// its type and its key) and every call (which names `"arguments"`) is charged its most.
 pub fn message_upper_bound(msg: &Message) -> usize {
-    let raw = msg.raw().as_bytes();
-    let images = memchr::memmem::find_iter(raw, b"\"image_url\"").count().div_ceil(2);
-    let calls = memchr::memmem::find_iter(raw, b"\"arguments\"").count();
+    raw_upper_bound(msg.raw().as_bytes())
+}
+
+/// [`message_upper_bound`] of a message's JSON text.
+pub fn raw_upper_bound(raw: &[u8]) -> usize {
+    static IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"image_url\""));
+    static CALL: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"arguments\""));
+    let images = IMAGE.find_iter(raw).count().div_ceil(2);
+    let calls = CALL.find_iter(raw).count();
     raw.len()
         + TOKENS_PER_MESSAGE
         + TOKENS_PER_NAME
