@@ -982,9 +982,9 @@ off`, no access log) and two foldgate processes (bench-profile build) run as chi
 processes, all on 127.0.0.1: `foldgate` in the default configuration, as users run it
 (compaction on, log level `info`: one access-log line per request, written to a file),
 and `foldgate, compaction off` (the same with `compaction.enabled = false`). Every
-request is a chat completion below the compaction trigger, so foldgate parses it, finds
-its conversation, counts its tokens (cached after the first request) and forwards the
-original bytes. foldgate runs one connection thread per core, so nginx gets one worker
+request is a chat completion far below the compaction trigger, so foldgate reads it
+whole, scans its outline, bounds its tokens from its text and forwards the original
+bytes (no parse, no conversation state). foldgate runs one connection thread per core, so nginx gets one worker
 process per core.
 
 Load: open loop at {rate} requests/s on a fixed timeline over keep-alive HTTP/1.1
