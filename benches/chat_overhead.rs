@@ -36,6 +36,8 @@ use tokio::net::TcpListener;
 mod foldgate_process;
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/tools.rs"]
+mod tools;
 #[path = "support/traces.rs"]
 mod traces;
 

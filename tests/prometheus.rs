@@ -21,24 +21,9 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// True when `tool` is on PATH. Missing tools fail under CI (where `.ci/run` installs
-/// them) and skip, saying why, elsewhere.
-#[allow(clippy::print_stderr)] // the skip reason is the output
+/// True when the Prometheus `tool` runs here (else skipped, or failed under CI).
 fn have(tool: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "`{tool}` is not on PATH under CI (.ci/run installs the Debian package)"
-        );
-        eprintln!("SKIPPED: `{tool}` is not on PATH (apt-get install prometheus)");
-    }
-    found
+    common::tools::tool_available(tool, "prometheus")
 }
 
 #[test]

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 pub mod agent;
 pub mod redis_server;
 pub mod sessions;
+pub mod tools;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type TestBody = UnsyncBoxBody<Bytes, BoxError>;

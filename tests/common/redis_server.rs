@@ -14,23 +14,9 @@ pub struct RedisServer {
     dir: PathBuf,
 }
 
-/// True when `redis-server` can run here; prints why not otherwise (and fails under CI).
-#[allow(clippy::print_stderr)] // the skip reason is the output
+/// True when `redis-server` can run here (else skipped, or failed under CI).
 pub fn available() -> bool {
-    let found = Command::new("redis-server")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "`redis-server` is not on PATH under CI (.ci/run installs the Debian package)"
-        );
-        eprintln!("SKIPPED: `redis-server` is not on PATH (apt-get install redis-server)");
-    }
-    found
+    super::tools::tool_available("redis-server", "redis-server")
 }
 
 fn free_port() -> u16 {

@@ -1,0 +1,22 @@
+//! External programs the tests start (redis-server, prometheus).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+/// True when `tool` runs here (`tool --version`). A missing tool fails under CI, where
+/// `.ci/run` installs the Debian `package`, and skips elsewhere, saying why.
+#[allow(clippy::print_stderr)] // the skip reason is the output
+pub fn tool_available(tool: &str, package: &str) -> bool {
+    let found = std::process::Command::new(tool)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "`{tool}` is not on PATH under CI (.ci/run installs the Debian package {package})"
+        );
+        eprintln!("SKIPPED: `{tool}` is not on PATH (apt-get install {package})");
+    }
+    found
+}
