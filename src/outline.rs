@@ -10,8 +10,6 @@
 
 use std::ops::Range;
 
-use serde::Deserialize;
-
 use crate::model::Role;
 
 /// The outline of a chat-completions body.
@@ -19,14 +17,27 @@ use crate::model::Role;
 pub struct Outline<'a> {
     body: &'a [u8],
     fields: Vec<(&'a str, Range<usize>)>,
-    messages: Vec<Range<usize>>,
+    messages: Vec<MessageOutline>,
+}
+
+/// Where one message lies, and what the scan saw of it.
+#[derive(Debug, Clone)]
+pub struct MessageOutline {
+    /// Its extent in the body.
+    pub range: Range<usize>,
+    /// Its `role`, when it is a plain string.
+    pub role: Option<Role>,
+    /// Strings in it that are exactly `image_url` (an image part names it twice).
+    pub image_mentions: usize,
+    /// Strings in it that are exactly `arguments` (every call names it once).
+    pub call_mentions: usize,
 }
 
 impl<'a> Outline<'a> {
     /// Scans `body`; `None` when it is not a JSON object with a `messages` array whose
     /// elements are objects, or when the scan meets anything it does not expect.
     pub fn scan(body: &'a [u8]) -> Option<Self> {
-        let mut scan = Scanner { body, pos: 0 };
+        let mut scan = Scanner { body, pos: 0, mentions: (0, 0) };
         let mut fields = Vec::new();
         let mut messages = None;
         scan.expect(b'{')?;
@@ -39,7 +50,7 @@ impl<'a> Outline<'a> {
             scan.whitespace();
             let start = scan.pos;
             if key == "messages" {
-                messages = Some(scan.array_elements()?);
+                messages = Some(scan.messages()?);
             } else {
                 scan.value()?;
             }
@@ -55,9 +66,7 @@ impl<'a> Outline<'a> {
         if scan.peek().is_some() {
             return None;
         }
-        let messages = messages?;
-        let objects = messages.iter().all(|r| body.get(r.start) == Some(&b'{'));
-        objects.then_some(Self { body, fields, messages })
+        Some(Self { body, fields, messages: messages? })
     }
 
     /// The raw text of a top-level field.
@@ -82,31 +91,32 @@ impl<'a> Outline<'a> {
         self.field("tools").filter(|raw| raw.trim_ascii() != b"null")
     }
 
-    /// Each message's raw text, in order.
-    pub fn messages(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
-        self.messages.iter().map(|r| &self.body[r.clone()])
+    /// The messages, in order.
+    pub fn messages(&self) -> &[MessageOutline] {
+        &self.messages
+    }
+
+    /// A message's raw text.
+    pub fn raw(&self, message: &MessageOutline) -> &'a [u8] {
+        &self.body[message.range.clone()]
     }
 
     /// The raw text of the first message with `role` (system also matches developer).
     pub fn first_with_role(&self, role: Role) -> Option<&'a [u8]> {
-        #[derive(Deserialize)]
-        struct Head<'s> {
-            #[serde(borrow)]
-            role: Option<std::borrow::Cow<'s, str>>,
-        }
-        self.messages().find(|raw| {
-            let found = serde_json::from_slice::<Head<'_>>(raw)
-                .ok()
-                .and_then(|h| h.role)
-                .map(|r| Role::parse(&r));
-            found == Some(role) || (role == Role::System && found == Some(Role::Developer))
-        })
+        self.messages
+            .iter()
+            .find(|m| {
+                m.role == Some(role) || (role == Role::System && m.role == Some(Role::Developer))
+            })
+            .map(|m| self.raw(m))
     }
 }
 
 struct Scanner<'a> {
     body: &'a [u8],
     pos: usize,
+    /// Strings seen that are exactly `image_url`, and exactly `arguments`.
+    mentions: (usize, usize),
 }
 
 impl<'a> Scanner<'a> {
@@ -143,13 +153,19 @@ impl<'a> Scanner<'a> {
         std::str::from_utf8(&self.body[start..start + len]).ok()
     }
 
-    /// Skips a string whose opening quote is at `pos`.
+    /// Skips a string whose opening quote is at `pos`, counting the mentions.
     fn string(&mut self) -> Option<()> {
-        self.pos += 1;
+        let start = self.pos + 1;
+        self.pos = start;
         loop {
             let at = self.pos + memchr::memchr2(b'"', b'\\', self.body.get(self.pos..)?)?;
             if self.body[at] == b'"' {
                 self.pos = at + 1;
+                match &self.body[start..at] {
+                    b"image_url" => self.mentions.0 += 1,
+                    b"arguments" => self.mentions.1 += 1,
+                    _ => {}
+                }
                 return Some(());
             }
             self.pos = at + 2;
@@ -196,8 +212,9 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The extents of the elements of the array starting at `pos`.
-    fn array_elements(&mut self) -> Option<Vec<Range<usize>>> {
+    /// The messages of the array starting at `pos`: each an object, scanned key by key
+    /// so that its role is known.
+    fn messages(&mut self) -> Option<Vec<MessageOutline>> {
         self.expect(b'[')?;
         let mut out = Vec::new();
         if self.peek()? == b']' {
@@ -205,16 +222,53 @@ impl<'a> Scanner<'a> {
             return Some(out);
         }
         loop {
-            self.whitespace();
-            let start = self.pos;
-            self.value()?;
-            out.push(start..self.pos);
+            out.push(self.message()?);
             match self.next_byte()? {
                 b',' => continue,
                 b']' => return Some(out),
                 _ => return None,
             }
         }
+    }
+
+    fn message(&mut self) -> Option<MessageOutline> {
+        self.whitespace();
+        let start = self.pos;
+        let before = self.mentions;
+        let mut role = None;
+        self.expect(b'{')?;
+        if self.peek()? == b'}' {
+            self.pos += 1;
+        } else {
+            loop {
+                let key = self.key()?;
+                self.expect(b':')?;
+                self.whitespace();
+                let value = self.pos;
+                self.value()?;
+                if key == "role" {
+                    // Escapes make a borrowed read fail; an owned one decodes them.
+                    let raw = &self.body[value..self.pos];
+                    role = match serde_json::from_slice::<&str>(raw) {
+                        Ok(text) => Some(Role::parse(text)),
+                        Err(_) => {
+                            serde_json::from_slice::<String>(raw).ok().map(|t| Role::parse(&t))
+                        }
+                    };
+                }
+                match self.next_byte()? {
+                    b',' => continue,
+                    b'}' => break,
+                    _ => return None,
+                }
+            }
+        }
+        Some(MessageOutline {
+            range: start..self.pos,
+            role,
+            image_mentions: self.mentions.0 - before.0,
+            call_mentions: self.mentions.1 - before.1,
+        })
     }
 }
 
@@ -234,10 +288,11 @@ mod tests {
         assert_eq!(outline.model(), parsed.model());
         assert_eq!(outline.max_reply_tokens(), Some(50));
         assert_eq!(outline.tools_raw(), None);
-        let raws: Vec<&[u8]> = outline.messages().collect();
+        let raws: Vec<&[u8]> = outline.messages().iter().map(|m| outline.raw(m)).collect();
         let expected: Vec<&[u8]> = parsed.messages().iter().map(|m| m.raw().as_bytes()).collect();
         assert_eq!(raws, expected);
         assert_eq!(outline.first_with_role(Role::User), Some(expected[1]));
+        assert_eq!(outline.first_with_role(Role::System), Some(expected[0]));
         assert_eq!(outline.field("x"), Some(&br#"{"a":[1,{"b":"]}\"{"}], "c": null}"#[..]));
     }
 
@@ -257,5 +312,35 @@ mod tests {
             assert!(Outline::scan(body).is_none(), "{}", String::from_utf8_lossy(body));
         }
         assert!(Outline::scan(b"{\"messages\":[]}").is_some());
+    }
+
+    #[test]
+    fn mentions_are_what_a_search_of_the_text_finds() {
+        let body = br#"{"model":"gpt-4o","messages":[
+            {"role":"user","content":[{"type":"text","text":"see \"image_url\" and arguments"},
+                {"type":"image_url","image_url":{"url":"https://x/y.png"}}]},
+            {"role":"assistant","content":null,"tool_calls":[
+                {"id":"a","type":"function","function":{"name":"f","arguments":"{\"arguments\":1}"}},
+                {"id":"b","type":"function","function":{"name":"g","arguments":"{}"}}]},
+            {"role":{"not":"a string"},"content":"x"},
+            {"role":"\u0073ystem","content":"escaped"}]}"#;
+        let outline = Outline::scan(body).unwrap();
+        let counts: Vec<(usize, usize)> =
+            outline.messages().iter().map(|m| (m.image_mentions, m.call_mentions)).collect();
+        assert_eq!(counts, [(2, 0), (0, 2), (0, 0), (0, 0)]);
+        for m in outline.messages() {
+            let raw = outline.raw(m);
+            let search = |needle: &[u8]| memchr::memmem::find_iter(raw, needle).count();
+            assert_eq!(
+                (m.image_mentions, m.call_mentions),
+                (search(b"\"image_url\""), search(b"\"arguments\""))
+            );
+        }
+        assert_eq!(outline.messages()[2].role, None);
+        assert_eq!(outline.messages()[3].role, Some(Role::System));
+        assert_eq!(
+            outline.first_with_role(Role::Assistant),
+            Some(outline.raw(&outline.messages()[1]))
+        );
     }
 }

@@ -108,12 +108,24 @@ fn invalid_configuration_fails_at_start_naming_key_and_file() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// What a child wrote to stderr, collected by a thread that ends at end of file.
+struct Logs {
+    lines: Arc<std::sync::Mutex<Vec<String>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Logs {
+    /// Every line, once the child has exited and its stderr is closed (the log writer
+    /// thread writes its last lines as the process exits).
+    fn after_exit(self) -> Vec<String> {
+        self.reader.join().unwrap();
+        self.lines.lock().unwrap().clone()
+    }
+}
+
 /// Starts `foldgate serve` on a free port; returns the child, its address, and its
 /// stderr lines as they arrive.
-fn spawn_serve(
-    upstream: &str,
-    extra_env: &[(&str, &str)],
-) -> (Child, String, Arc<std::sync::Mutex<Vec<String>>>) {
+fn spawn_serve(upstream: &str, extra_env: &[(&str, &str)]) -> (Child, String, Logs) {
     let mut env = vec![
         ("FOLDGATE_LISTEN", "127.0.0.1:0"),
         ("FOLDGATE_UPSTREAM_URL", upstream),
@@ -135,12 +147,12 @@ fn spawn_serve(
     // Keep draining stderr so the child never blocks on a full pipe.
     let collected = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = collected.clone();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
             sink.lock().unwrap().push(line);
         }
     });
-    (child, addr, collected)
+    (child, addr, Logs { lines: collected, reader })
 }
 
 /// A mock whose SSE response sends one chunk every 100 ms, `chunks` in all.
@@ -227,7 +239,7 @@ async fn json_access_log_has_one_line_per_request_and_no_credentials() {
     assert_eq!(status, StatusCode::OK);
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
-    let lines = lines.lock().unwrap().clone();
+    let lines = tokio::task::spawn_blocking(move || lines.after_exit()).await.unwrap();
     let all = lines.join("\n");
     assert!(!all.contains("secret"), "credentials leaked into logs:\n{all}");
     let access: Vec<serde_json::Value> = lines
@@ -293,5 +305,6 @@ async fn the_binary_serves_on_every_connection_thread_and_compacts_on_its_own_ru
 
     Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
-    assert!(status.success(), "{status:?}\n{}", lines.lock().unwrap().join("\n"));
+    let lines = tokio::task::spawn_blocking(move || lines.after_exit()).await.unwrap();
+    assert!(status.success(), "{status:?}\n{}", lines.join("\n"));
 }

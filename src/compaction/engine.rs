@@ -9,7 +9,7 @@ use super::fold::{FoldRules, Region, fold_after};
 use super::keep::Keep;
 use super::plan::{Goals, Plan};
 use super::report::Report;
-use super::tokens::count::{TOKENS_PER_MESSAGE, raw_upper_bound};
+use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::units::{group_tail_start, turn_tail_start, units};
 use crate::config::CompactionConfig;
@@ -102,9 +102,11 @@ impl Engine {
         let prefetch = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
         let limit = if cfg.prefetch { budget.trigger.min(prefetch) } else { budget.trigger };
         let (mut upper, mut estimate, mut count) = (REPLY_PRIMING, REPLY_PRIMING, 0);
-        for raw in outline.messages() {
-            upper += raw_upper_bound(raw);
-            estimate += raw.len() / 4 + TOKENS_PER_MESSAGE;
+        for message in outline.messages() {
+            let len = message.range.len();
+            let images = message.image_mentions.div_ceil(2);
+            upper += upper_bound_of(len, images, message.call_mentions);
+            estimate += len / 4 + TOKENS_PER_MESSAGE;
             count += 1;
         }
         let tools = outline.tools_raw().map_or(0, <[u8]>::len);

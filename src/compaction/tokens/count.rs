@@ -106,12 +106,13 @@ pub fn raw_upper_bound(raw: &[u8]) -> usize {
     static IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"image_url\""));
     static CALL: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"arguments\""));
     let images = IMAGE.find_iter(raw).count().div_ceil(2);
-    let calls = CALL.find_iter(raw).count();
-    raw.len()
-        + TOKENS_PER_MESSAGE
-        + TOKENS_PER_NAME
-        + images * IMAGE_UNKNOWN
-        + calls * CALL_OVERHEAD
+    upper_bound_of(raw.len(), images, CALL.find_iter(raw).count())
+}
+
+/// The bound of a message of `len` bytes of JSON with at most `images` image parts and
+/// `calls` calls (see [`message_upper_bound`]).
+pub fn upper_bound_of(len: usize, images: usize, calls: usize) -> usize {
+    len + TOKENS_PER_MESSAGE + TOKENS_PER_NAME + images * IMAGE_UNKNOWN + calls * CALL_OVERHEAD
 }
 
 /// Tokens of the `tools` definitions, counted as their JSON text.
