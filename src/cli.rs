@@ -69,6 +69,16 @@ pub struct ReplayArgs {
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Set `max_tokens` (the reply reserve) on every request.
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<usize>,
+    /// Price of a cached prompt token relative to an uncached one, for the cost figures.
+    #[arg(long, value_name = "PRICE", default_value_t = 0.1)]
+    pub cached_price: f64,
+    /// Write digests with the configured `[summarizer]` model (real calls, priced with the
+    /// rest) instead of the extractive summarizer.
+    #[arg(long)]
+    pub llm: bool,
     /// Recorded conversations, one JSON object per line.
     #[arg(value_name = "FILE.jsonl")]
     pub file: PathBuf,

@@ -86,6 +86,8 @@ pub struct Message {
     value: OnceLock<Value>,
     raw: Box<RawValue>,
     hash: u64,
+    /// Whether the text reads as a command's output (see [`is_observation`]).
+    output_like: OnceLock<bool>,
 }
 
 impl Message {
@@ -96,7 +98,7 @@ impl Message {
             return Err(ModelError::NoMessages);
         }
         let hash = xxh3_64(raw.get().as_bytes());
-        Ok(Self { value: OnceLock::new(), raw, hash })
+        Ok(Self { value: OnceLock::new(), raw, hash, output_like: OnceLock::new() })
     }
 
     /// Wraps a value (serializing it once for its raw text and hash).
@@ -104,7 +106,7 @@ impl Message {
         let text = serde_json::to_string(&value).map_err(ModelError::Serialize)?;
         let raw = RawValue::from_string(text).map_err(ModelError::Serialize)?;
         let hash = xxh3_64(raw.get().as_bytes());
-        Ok(Self { value: OnceLock::from(value), raw, hash })
+        Ok(Self { value: OnceLock::from(value), raw, hash, output_like: OnceLock::new() })
     }
 
     /// The parsed message (parsed now if it was not yet). Text that a `RawValue` held
@@ -185,6 +187,54 @@ impl Message {
         };
         first.is_some_and(|t| t.trim_start().starts_with(DIGEST_MARKER))
     }
+
+    /// True when the text has the shape of a command's output as text-mode agents send
+    /// it back ([`OUTPUT_OPENINGS`], or SWE-agent's closing prompt); the position that
+    /// makes it an observation is checked by [`is_observation`].
+    fn reads_as_output(&self) -> bool {
+        *self.output_like.get_or_init(|| {
+            let text = self.text();
+            let text = text.trim();
+            OUTPUT_OPENINGS.iter().any(|o| text.starts_with(o))
+                || (text.ends_with("bash-$") && text.contains("(Current directory: "))
+        })
+    }
+}
+
+/// How the text of a command's output starts in the text-mode agents foldgate knows:
+/// mini-swe-agent (`<returncode>`, and its notices about a malformed or timed-out
+/// action), ReAct-style agents (`Observation:`) and generic `<output>` /
+/// `<observation>` wrappers.
+pub const OUTPUT_OPENINGS: [&str; 7] = [
+    "<returncode>",
+    "<output>",
+    "<observation>",
+    "Observation:",
+    "OBSERVATION:",
+    "Please always provide EXACTLY ONE action in triple backticks",
+    "The last command <command>",
+];
+
+/// True when `msgs[i]` is a text-mode agent's tool output: a `user` message that answers
+/// the assistant message right before it (one that made no tool call, so it issued its
+/// command as text) and whose text reads as a command's output: it starts with one of
+/// [`OUTPUT_OPENINGS`], or ends with SWE-agent's `bash-$` prompt after a
+/// `(Current directory: …)` line. Such a message is the environment speaking, not the
+/// user: it is compacted as a tool result and never counts as the user's words.
+pub fn is_observation(msgs: &[Arc<Message>], i: usize) -> bool {
+    let Some(m) = msgs.get(i) else { return false };
+    i > 0
+        && m.role() == Role::User
+        && msgs[i - 1].role() == Role::Assistant
+        && !msgs[i - 1].makes_calls()
+        && !msgs[i - 1].is_digest()
+        && m.reads_as_output()
+}
+
+/// True when `msgs[i]` holds the user's own words: a `user` message that is neither a
+/// digest written by foldgate nor a text-mode tool output ([`is_observation`]).
+pub fn is_user_words(msgs: &[Arc<Message>], i: usize) -> bool {
+    msgs[i].role() == Role::User && !msgs[i].is_digest() && !is_observation(msgs, i)
 }
 
 /// The text of a `content` value: a string, or the text parts of an array joined by

@@ -4,17 +4,21 @@
 
 use std::path::Path;
 
-use foldgate::commands::replay::replay_file;
+use foldgate::commands::replay::{ReplayOptions, replay_file};
 use foldgate::compaction::{Engine, Options};
 use foldgate::config::CompactionConfig;
+use foldgate::summarizer::ExtractiveSummarizer;
 
 #[tokio::test]
 async fn dev_traces_replay_without_violations() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/dev.jsonl");
     assert!(path.exists(), "{} is missing: clone shared/ beside the repository", path.display());
     let engine = Engine::new(CompactionConfig::default());
-    let opts = Options { window_cap: Some(16_000), ..Options::default() };
-    let (convs, total) = replay_file(&path, &engine, &opts).await.unwrap();
+    let opts = ReplayOptions {
+        engine: Options { window_cap: Some(16_000), ..Options::default() },
+        max_tokens: None,
+    };
+    let (convs, total) = replay_file(&path, &engine, &ExtractiveSummarizer, &opts).await.unwrap();
     println!("{total:?}");
     assert_eq!(convs.len(), 184);
     assert_eq!(total.violation_count(), 0, "first: {:?}", total.first_violation);

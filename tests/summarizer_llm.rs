@@ -12,7 +12,7 @@ use common::{MockUpstream, Recorded, response};
 use foldgate::config::{Secret, SummarizerConfig, UpstreamConfig};
 use foldgate::model::Message;
 use foldgate::summarizer::llm::{CircuitState, Credential, LlmSummarizer, SUMMARY_HEADER};
-use foldgate::summarizer::{FailureReason, Summarizer, SummarizerError, SummaryInput};
+use foldgate::summarizer::{DigestKind, FailureReason, Summarizer, SummarizerError, SummaryInput};
 use http::HeaderValue;
 use serde_json::{Value, json};
 
@@ -57,7 +57,13 @@ fn region() -> Vec<Arc<Message>> {
 }
 
 fn input(msgs: &[Arc<Message>]) -> SummaryInput<'_> {
-    SummaryInput { messages: msgs, prior_digest: None, max_tokens: 500 }
+    SummaryInput {
+        messages: msgs,
+        prior_digest: None,
+        max_tokens: 500,
+        kind: DigestKind::Fold,
+        shared: None,
+    }
 }
 
 fn bearer(token: &str) -> Option<Credential> {

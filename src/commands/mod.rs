@@ -1,6 +1,7 @@
 //! Offline commands on the compaction engine: `compact` and `replay`.
 
 pub mod compact;
+pub mod cost;
 pub mod replay;
 
 use std::process::ExitCode;
@@ -10,10 +11,16 @@ use crate::config::{CompactionConfig, Config, ConfigSource, resolve_file};
 /// Loads the `[compaction]` section like `serve` loads the whole file, printing the
 /// error (exit code 2) on failure.
 fn load_compaction(file: Option<&std::path::Path>) -> Result<CompactionConfig, ExitCode> {
+    load_config(file).map(|c| c.compaction)
+}
+
+/// Loads the configuration like `serve` does, printing the error (exit code 2) on
+/// failure.
+fn load_config(file: Option<&std::path::Path>) -> Result<Config, ExitCode> {
     let mut source = ConfigSource::from_process(None);
     source.file = resolve_file(file, &source.env);
     match Config::load(&source) {
-        Ok(c) => Ok(c.compaction),
+        Ok(c) => Ok(c),
         Err(e) => {
             #[allow(clippy::print_stderr)]
             {
@@ -24,7 +31,7 @@ fn load_compaction(file: Option<&std::path::Path>) -> Result<CompactionConfig, E
     }
 }
 
-/// A single-threaded runtime for the one async step (the summarizer call).
+/// A single-threaded runtime for the async steps (summarizer calls).
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_time().build()
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
 }

@@ -6,16 +6,24 @@
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use async_trait::async_trait;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::cost::{Charge, Entry, Meter, Prompt};
 use crate::cli::ReplayArgs;
 use crate::compaction::check::verify;
-use crate::compaction::{Budget, Engine, Options, Outcome, SessionState};
+use crate::compaction::tokens::{Counter, Encoding, REPLY_PRIMING};
+use crate::compaction::{Budget, Engine, Options, Outcome, SessionState, TokenCache};
 use crate::model::{ChatRequest, Message, ModelError, Role};
-use crate::summarizer::{ExtractiveSummarizer, Summarizer};
+use crate::summarizer::llm::LlmSummarizer;
+use crate::summarizer::{
+    ExtractiveSummarizer, ModelPrompt, Summarizer, SummarizerError, SummaryInput,
+};
 
 /// Errors of reading recorded conversations.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +79,16 @@ pub struct ReplayStats {
     pub violations: BTreeMap<u8, usize>,
     /// The first violation seen, for diagnosis.
     pub first_violation: Option<String>,
+    /// Forwarded prompt tokens, by how the provider bills them.
+    pub forwarded: Charge,
+    /// The prompt tokens of every request sent whole (no compaction), likewise.
+    pub whole: Charge,
+    /// Requests whose forwarded prompt starts with the whole previous forwarded prompt.
+    pub prefix_repeats: usize,
+    /// Summarizer calls made to a model.
+    pub summarizer_calls: usize,
+    /// Their input tokens, by how the provider bills them.
+    pub summarizer: Charge,
 }
 
 impl ReplayStats {
@@ -81,6 +99,17 @@ impl ReplayStats {
         } else {
             self.tokens_after as f64 / self.tokens_before as f64
         }
+    }
+
+    /// What the replay cost in token-equivalents (forwarded and summarizer input, a
+    /// cached token at `cached_price`).
+    pub fn cost(&self, cached_price: f64) -> f64 {
+        self.forwarded.price(cached_price) + self.summarizer.price(cached_price)
+    }
+
+    /// What sending every request whole would have cost, priced the same way.
+    pub fn cost_whole(&self, cached_price: f64) -> f64 {
+        self.whole.price(cached_price)
     }
 
     /// All violations.
@@ -105,6 +134,11 @@ impl ReplayStats {
         if self.first_violation.is_none() {
             self.first_violation = o.first_violation.as_ref().map(|v| format!("{}: {v}", o.id));
         }
+        self.forwarded.add(o.forwarded);
+        self.whole.add(o.whole);
+        self.prefix_repeats += o.prefix_repeats;
+        self.summarizer_calls += o.summarizer_calls;
+        self.summarizer.add(o.summarizer);
     }
 }
 
@@ -151,6 +185,48 @@ impl Conversation {
     }
 }
 
+/// Records what a model summarizer sends, for pricing.
+struct Metered<'a> {
+    inner: &'a dyn Summarizer,
+    prompts: Mutex<Vec<ModelPrompt>>,
+}
+
+#[async_trait]
+impl Summarizer for Metered<'_> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
+        if let Some(prompt) = self.inner.prompt(&input) {
+            if let Ok(mut prompts) = self.prompts.lock() {
+                prompts.push(prompt);
+            }
+        }
+        self.inner.summarize(input).await
+    }
+
+    fn prompt(&self, input: &SummaryInput<'_>) -> Option<ModelPrompt> {
+        self.inner.prompt(input)
+    }
+}
+
+/// A prompt as priced: tool definitions, then messages, each with its tokens.
+fn priced(
+    messages: &[Arc<Message>],
+    tools: Option<&str>,
+    encoding: Encoding,
+    cache: &mut TokenCache,
+) -> Prompt {
+    let mut counter = Counter { encoding, cache };
+    let mut entries = Vec::with_capacity(messages.len() + 1);
+    if let Some(tools) = tools {
+        entries.push(Entry { hash: xxh3_64(tools.as_bytes()), tokens: counter.tools(Some(tools)) });
+    }
+    entries.extend(messages.iter().map(|m| Entry { hash: m.hash(), tokens: counter.message(m) }));
+    Prompt { entries, other: REPLY_PRIMING }
+}
+
 /// Replays one conversation through `engine`.
 pub async fn replay_conversation(
     engine: &Engine,
@@ -161,6 +237,9 @@ pub async fn replay_conversation(
     let mut stats = ReplayStats { id: conv.id.clone(), ..ReplayStats::default() };
     let mut state = SessionState::default();
     let engine_err = |source| ReplayError::Engine { id: conv.id.clone(), source };
+    let metered = Metered { inner: summarizer, prompts: Mutex::new(Vec::new()) };
+    let (mut sent, mut whole) = (Meter::default(), Meter::default());
+    let mut prices = TokenCache::default();
     for (i, m) in conv.messages.iter().enumerate() {
         if i == 0 || m.role() != Role::Assistant {
             continue;
@@ -168,7 +247,7 @@ pub async fn replay_conversation(
         let request = ChatRequest::from_parts(&conv.fields, conv.messages[..i].to_vec())
             .map_err(|e| engine_err(e.into()))?;
         let outcome = engine
-            .compact_request(&request, &mut state, summarizer, opts)
+            .compact_request(&request, &mut state, &metered, opts)
             .await
             .map_err(engine_err)?;
         let report = outcome.report();
@@ -182,6 +261,21 @@ pub async fn replay_conversation(
             Outcome::Unchanged { .. } => (&request, before),
             Outcome::Compacted { request: fwd, report, .. } => (fwd, report.tokens_after),
         };
+        let encoding = budget.encoding;
+        // Summarizer calls go out before the request they compact, after the previous one.
+        let calls = std::mem::take(&mut *metered.prompts.lock().unwrap_or_else(|e| e.into_inner()));
+        for call in &calls {
+            let prompt = priced(&call.messages, call.tools.as_deref(), encoding, &mut prices);
+            stats.summarizer.add(sent.side_call(&prompt));
+            stats.summarizer_calls += 1;
+        }
+        let (charge, repeats) =
+            sent.send(priced(forwarded.messages(), forwarded.tools_raw(), encoding, &mut prices));
+        stats.forwarded.add(charge);
+        stats.prefix_repeats += usize::from(repeats);
+        stats.whole.add(
+            whole.send(priced(request.messages(), request.tools_raw(), encoding, &mut prices)).0,
+        );
         stats.requests += 1;
         stats.compacted += usize::from(matches!(outcome, Outcome::Compacted { .. }));
         stats.peak_before = stats.peak_before.max(before);
@@ -206,7 +300,8 @@ pub async fn replay_conversation(
 pub async fn replay_file(
     path: &std::path::Path,
     engine: &Engine,
-    opts: &Options,
+    summarizer: &dyn Summarizer,
+    opts: &ReplayOptions,
 ) -> Result<(Vec<ReplayStats>, ReplayStats), ReplayError> {
     let read_err = |source| ReplayError::Read { path: path.display().to_string(), source };
     let file = std::fs::File::open(path).map_err(read_err)?;
@@ -219,12 +314,24 @@ pub async fn replay_file(
         }
         let record: Value = serde_json::from_str(&line)
             .map_err(|e| ReplayError::Record { line: n + 1, message: e.to_string() })?;
-        let conv = Conversation::from_record(&record, n + 1, opts.model.as_deref())?;
-        let stats = replay_conversation(engine, &conv, &ExtractiveSummarizer, opts).await?;
+        let mut conv = Conversation::from_record(&record, n + 1, opts.engine.model.as_deref())?;
+        if let Some(max) = opts.max_tokens {
+            conv.fields.insert("max_tokens".into(), Value::from(max));
+        }
+        let stats = replay_conversation(engine, &conv, summarizer, &opts.engine).await?;
         total.add(&stats);
         all.push(stats);
     }
     Ok((all, total))
+}
+
+/// How a file is replayed.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// The engine's options for every request.
+    pub engine: Options,
+    /// `max_tokens` set on every request (the reply reserve), when given.
+    pub max_tokens: Option<usize>,
 }
 
 fn line(s: &ReplayStats) -> String {
@@ -244,10 +351,30 @@ fn line(s: &ReplayStats) -> String {
     )
 }
 
+/// The cost summary: the replay's cost against sending every request whole, the share
+/// of requests whose prefix repeats the previous one, and the summarizer's input.
+pub fn cost_line(total: &ReplayStats, price: f64) -> String {
+    let (cost, whole) = (total.cost(price), total.cost_whole(price));
+    format!(
+        "cost (uncached input x1, cached prefix x{price}): {:.2}M token-equivalents, \
+         no compaction {:.2}M ({:.3}x); prefix repeats the previous request on {} of {} \
+         requests ({:.1}%); summarizer: {} calls, {} input tokens ({} cached)",
+        cost / 1e6,
+        whole / 1e6,
+        if whole > 0.0 { cost / whole } else { 1.0 },
+        total.prefix_repeats,
+        total.requests,
+        100.0 * total.prefix_repeats as f64 / total.requests.max(1) as f64,
+        total.summarizer_calls,
+        total.summarizer.tokens(),
+        total.summarizer.cached,
+    )
+}
+
 /// Runs `foldgate replay`.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &ReplayArgs) -> ExitCode {
-    let cfg = match super::load_compaction(args.config.config.as_deref()) {
+    let config = match super::load_config(args.config.config.as_deref()) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -258,17 +385,53 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let engine = Engine::new(cfg);
-    let opts = Options { window_cap: args.window, model: args.model.clone(), ..Options::default() };
-    let (all, total) = match rt.block_on(replay_file(&args.file, &engine, &opts)) {
+    // The configured summarizer: a model (`summarizer.kind = "llm"`, called with
+    // `summarizer.api_key` and each conversation's model unless `summarizer.model` is
+    // set) only when asked for with `--llm`, else the extractive one.
+    let llm = if args.llm {
+        let built = rt.block_on(async { LlmSummarizer::new(&config.summarizer, &config.upstream) });
+        match built {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("foldgate replay: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let model = args.model.clone().unwrap_or_default();
+    let bound = llm.as_ref().map(|s| s.bind(None, &model));
+    let summarizer: &dyn Summarizer = match &bound {
+        Some(b) => b,
+        None => &ExtractiveSummarizer,
+    };
+    let engine = Engine::new(config.compaction);
+    let opts = ReplayOptions {
+        engine: Options {
+            window_cap: args.window,
+            model: args.model.clone(),
+            ..Options::default()
+        },
+        max_tokens: args.max_tokens,
+    };
+    let (all, total) = match rt.block_on(replay_file(&args.file, &engine, summarizer, &opts)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("foldgate replay: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let price = args.cached_price;
     if args.json {
-        let out = serde_json::json!({"conversations": all, "total": total, "ratio": total.ratio()});
+        let out = serde_json::json!({
+            "conversations": all,
+            "total": total,
+            "ratio": total.ratio(),
+            "cached_price": price,
+            "cost": total.cost(price),
+            "cost_no_compaction": total.cost_whole(price),
+        });
         println!("{out}");
     } else {
         println!(
@@ -300,6 +463,7 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
             total.ratio() * 100.0,
             total.folds
         );
+        println!("{}", cost_line(&total, price));
         if let Some(v) = &total.first_violation {
             println!("first violation: {v}");
         }

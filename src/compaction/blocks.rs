@@ -67,6 +67,23 @@ pub struct SessionState {
     /// needs compaction and it still continues `blocks`; until then requests stay unchanged.
     #[serde(default)]
     pub pending: Option<FoldBlock>,
+    /// What elision and the fallback cut after the blocks in the last compacted request:
+    /// reapplied as long as the prompt stays under the trigger, so that a cut changes the
+    /// forwarded prefix once per many requests, not on every request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cut: Vec<CutItem>,
+}
+
+/// One item of a stored cut: a unit of the history (from original message `pos`) dropped,
+/// or forwarded as other messages (its tool results stubbed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CutItem {
+    /// Original index of the unit's first message.
+    pub pos: usize,
+    /// Hash of that message, to check that the history is still the same.
+    pub hash: u64,
+    /// The messages forwarded instead, as exact JSON text; `None`: dropped.
+    pub messages: Option<Vec<Box<RawValue>>>,
 }
 
 /// Hash of the messages `msgs` (one range).
@@ -95,6 +112,27 @@ pub fn continues(
     units: &[Unit],
 ) -> bool {
     matches_at(block, blocks.last().map_or(0, |b| b.end), msgs, units)
+}
+
+/// True when `block` can be applied after `blocks`: it follows them, or it absorbs them
+/// (it starts at message 0 and reaches past their end).
+pub fn applies(
+    block: &FoldBlock,
+    blocks: &[FoldBlock],
+    msgs: &[Arc<Message>],
+    units: &[Unit],
+) -> bool {
+    let end = blocks.last().map_or(0, |b| b.end);
+    continues(block, blocks, msgs, units)
+        || (block.start == 0 && block.end > end && matches_at(block, 0, msgs, units))
+}
+
+/// Adds `block` after `blocks`, or in their place when it starts at message 0.
+pub fn add_block(blocks: &mut Vec<FoldBlock>, block: FoldBlock) {
+    if block.start == 0 {
+        blocks.clear();
+    }
+    blocks.push(block);
 }
 
 /// Keeps the leading blocks that still match `msgs`; returns how many were dropped.

@@ -3,7 +3,8 @@
 //!
 //! 1. Valid: every tool/function message answers a call of the assistant message right
 //!    before its run of results, and every call is answered.
-//! 2. Every user message of at most `user_verbatim_max_tokens` tokens is present verbatim
+//! 2. Every user message (the user's words: not a digest, not a text-mode tool output)
+//!    of at most `user_verbatim_max_tokens` tokens is present verbatim
 //!    and in order, whenever it and every such message no larger than it take at most
 //!    `floor_max_ratio` of the budget together and fit beside the pinned messages and the
 //!    last user message ([`SmallGuarantee`]).
@@ -22,7 +23,7 @@ use serde::Serialize;
 use super::budget::Budget;
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use crate::config::CompactionConfig;
-use crate::model::{ChatRequest, Message, Role, call_parts};
+use crate::model::{ChatRequest, Message, Role, call_parts, is_user_words};
 
 /// One broken guarantee.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,12 +56,12 @@ pub fn verify(
     let fixed = counter.tools(original.tools_raw()) + REPLY_PRIMING;
     let pinned: Vec<&Arc<Message>> = orig.iter().filter(|m| m.role().is_pinned()).collect();
     let pinned_tokens: usize = pinned.iter().map(|m| counter.message(m)).sum();
-    let last_user = orig.iter().rposition(|m| m.role() == Role::User && !m.is_digest());
+    let last_user = (0..orig.len()).rfind(|&i| is_user_words(orig, i));
     let last_user_tokens = last_user.map_or(0, |i| counter.message(&orig[i]));
     let small: Vec<(usize, &Arc<Message>, usize)> = orig
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.role() == Role::User && !m.is_digest())
+        .filter(|(i, _)| is_user_words(orig, *i))
         .map(|(i, m)| (i, m, counter.message(m)))
         .filter(|(_, _, t)| *t <= cfg.user_verbatim_max_tokens)
         .collect();

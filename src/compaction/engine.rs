@@ -3,19 +3,19 @@
 use std::sync::Arc;
 
 use super::CompactionError;
-use super::blocks::{FoldBlock, SessionState, continues, retain_matching};
+use super::blocks::{FoldBlock, SessionState, add_block, applies, retain_matching};
 use super::budget::{Budget, Options};
-use super::fold::{FoldRules, Region, fold_after};
+use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::keep::Keep;
-use super::plan::{Goals, Plan};
+use super::plan::{Goals, Item, Kind, Plan};
 use super::report::Report;
 use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
-use super::units::{group_tail_start, turn_tail_start, units};
+use super::units::{Unit, group_tail_start, turn_tail_start, units};
 use crate::config::CompactionConfig;
 use crate::model::{ChatRequest, Message};
 use crate::outline::Outline;
-use crate::summarizer::Summarizer;
+use crate::summarizer::{DigestKind, Summarizer};
 
 /// What to forward.
 #[derive(Debug, Clone)]
@@ -172,7 +172,7 @@ impl Engine {
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
         let mut report =
             Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
-        let SessionState { blocks, token_cache, pending } = state;
+        let SessionState { blocks, token_cache, pending, cut } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
 
         let fixed = counter.tools(tools_raw) + REPLY_PRIMING;
@@ -188,16 +188,30 @@ impl Engine {
         report.blocks_reused = blocks.len();
         report.blocks_invalidated += matching - blocks.len();
         let mut plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
+        // The last request's cut, while it still keeps the prompt under the trigger: the
+        // prefix stays as it was forwarded.
+        let blocks_end = blocks.last().map_or(0, |b| b.end);
+        if !opts.force && !cut.is_empty() && plan.total() > budget.trigger {
+            let kept = plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)?;
+            if let Some(kept) = kept.filter(|p| p.total() <= budget.trigger) {
+                plan = kept;
+                report.tier = 4;
+                report.cut_reused = true;
+            }
+        }
 
         if opts.force || plan.total() > budget.trigger {
             // A block summarized ahead of need is applied first: no summarizer call. One
             // that reaches into a protected turn waits for a later request.
-            if pending.as_ref().is_some_and(|b| !continues(b, blocks, msgs, &units)) {
+            if pending.as_ref().is_some_and(|b| !applies(b, blocks, msgs, &units)) {
                 *pending = None;
             }
             let usable = |b: &mut FoldBlock| b.end <= reach;
             if let Some(block) = pending.take_if(usable) {
-                blocks.push(block);
+                if block.start == 0 {
+                    report.blocks_absorbed += blocks.len();
+                }
+                add_block(blocks, block);
                 plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
                 report.used_prefetched = true;
                 report.blocks_new += 1;
@@ -227,8 +241,20 @@ impl Engine {
                         max_tokens: cfg.digest_max_tokens,
                         artifact_tokens: cfg.artifact_max_tokens,
                         keep,
+                        kind: DigestKind::Fold,
+                        goal_keeps: None,
                     };
-                    let region = Region { msgs, tokens: &tokens, start: blocks_end, end };
+                    let region =
+                        Region { msgs, tokens: &tokens, start: blocks_end, end, tools: tools_raw };
+                    // Digests do not pile up: once the stored ones outgrow one digest's
+                    // size, the new digest takes their place and carries what they held.
+                    let stored_digests: usize = plan
+                        .items
+                        .iter()
+                        .filter(|i| i.kind == Kind::Digest && i.pos < blocks_end)
+                        .map(|i| i.tokens)
+                        .sum();
+                    let absorb = stored_digests > cfg.digest_max_tokens + cfg.artifact_max_tokens;
                     // Postponed: as the previous requests were forwarded when that fits,
                     // else with old work cut to fit, as long as no user message and
                     // nothing of the current turn is lost.
@@ -253,27 +279,93 @@ impl Engine {
                             report.fold_postponed = true;
                             None
                         }
-                        None => Some(fold_after(blocks, region, summarizer, rules).await?),
+                        None => Some(fold_after(blocks, absorb, region, summarizer, rules).await?),
                     };
                     match folded.flatten() {
                         Some(folded) => {
-                            report.summarizer = Some(folded.block.summarizer.clone());
-                            report.summarizer_error = folded.error;
-                            report.artifact_recall = folded.block.artifact_recall;
-                            report.blocks_new += 1;
-                            blocks.push(folded.block);
-                            plan = Plan::build(
+                            let built = self.with_block(
                                 blocks,
+                                folded,
+                                &plan,
                                 msgs,
                                 &units,
                                 &tokens,
                                 fixed,
                                 &keep,
                                 &mut counter,
+                                &mut report,
                             )?;
-                            report.tier = 2;
+                            if let Some(built) = built {
+                                plan = built;
+                                report.tier = 2;
+                            }
                         }
                         None => report.fold_deferred |= !report.fold_postponed,
+                    }
+                }
+            }
+            // Tier 3: while small user messages and digests take more than the floor,
+            // the oldest whole turns (user messages included) and every stored block
+            // become one goal history. The last `keep_last_turns` turns and the current
+            // one never take part.
+            let floor_used: usize = plan
+                .items
+                .iter()
+                .filter(|i| !i.dropped && matches!(i.kind, Kind::User | Kind::Digest))
+                .map(|i| i.tokens)
+                .sum();
+            if !report.fold_deferred
+                && !report.fold_postponed
+                && plan.total() > budget.target
+                && floor_used > budget.floor
+            {
+                let end = turn_tail_start(&units, cfg.keep_last_turns + 1).min(reach);
+                let blocks_end = blocks.last().map_or(0, |b| b.end);
+                let goal_keeps = keep.guarantee(msgs, &tokens, fixed, &budget).max_tokens;
+                // What the batch takes out of the prompt: the work of its turns and the
+                // user messages past the floor. Like a fold, it must be worth making.
+                let batched = |i: &&Item| {
+                    (blocks_end..end).contains(&i.pos)
+                        && !i.dropped
+                        && match i.kind {
+                            Kind::Work => true,
+                            Kind::User => goal_keeps.is_none_or(|max| i.tokens > max),
+                            _ => false,
+                        }
+                };
+                let work: usize = plan.items.iter().filter(batched).map(|i| i.tokens).sum();
+                let min_work = (budget.trigger - budget.target) / 2;
+                if end >= blocks_end && work >= min_work.max(1) {
+                    let rules = FoldRules {
+                        max_tokens: cfg.digest_max_tokens,
+                        artifact_tokens: cfg.artifact_max_tokens,
+                        keep,
+                        kind: DigestKind::GoalBatch,
+                        goal_keeps,
+                    };
+                    let region =
+                        Region { msgs, tokens: &tokens, start: blocks_end, end, tools: tools_raw };
+                    match fold_after(blocks, true, region, summarizer, rules).await? {
+                        Some(folded) => {
+                            let built = self.with_block(
+                                blocks,
+                                folded,
+                                &plan,
+                                msgs,
+                                &units,
+                                &tokens,
+                                fixed,
+                                &keep,
+                                &mut counter,
+                                &mut report,
+                            )?;
+                            if let Some(built) = built {
+                                plan = built;
+                                report.tier = 3;
+                                report.goal_batches += 1;
+                            }
+                        }
+                        None => report.fold_deferred = true,
                     }
                 }
             }
@@ -298,6 +390,7 @@ impl Engine {
             }
         }
 
+        *cut = plan.cut_items(msgs, blocks.last().map_or(0, |b| b.end))?;
         let forwarded = plan.messages();
         report.account(&plan, msgs.len());
         if same_messages(&forwarded, msgs) {
@@ -325,7 +418,7 @@ impl Engine {
         let msgs = request.messages();
         let units = units(msgs);
         retain_matching(&mut state.blocks, msgs, &units);
-        if state.pending.as_ref().is_some_and(|p| continues(p, &state.blocks, msgs, &units)) {
+        if state.pending.as_ref().is_some_and(|p| applies(p, &state.blocks, msgs, &units)) {
             return Ok(false);
         }
         let opts = match ahead {
@@ -350,12 +443,55 @@ impl Engine {
             blocks: state.blocks.clone(),
             token_cache: std::mem::take(&mut state.token_cache),
             pending: None,
+            cut: state.cut.clone(),
         };
         let result = self.compact_request(request, &mut trial, summarizer, &opts).await;
         state.token_cache = trial.token_cache;
         result?;
-        state.pending = trial.blocks.into_iter().nth(state.blocks.len());
+        // The first block the trial made: after the stored ones, or in their place when it
+        // absorbed them.
+        state.pending = trial
+            .blocks
+            .into_iter()
+            .enumerate()
+            .find(|(i, b)| state.blocks.get(*i) != Some(b))
+            .map(|(_, b)| b);
         Ok(state.pending.is_some())
+    }
+
+    /// The plan with `folded`'s block added to `blocks` (in place of the blocks it
+    /// absorbed), or `None`, leaving `blocks` as they were, when the block would not make
+    /// the prompt smaller than `plan`.
+    #[allow(clippy::too_many_arguments)]
+    fn with_block(
+        &self,
+        blocks: &mut Vec<FoldBlock>,
+        folded: Folded,
+        plan: &Plan,
+        msgs: &[Arc<Message>],
+        units: &[Unit],
+        tokens: &[usize],
+        fixed: usize,
+        keep: &Keep,
+        counter: &mut Counter<'_>,
+        report: &mut Report,
+    ) -> Result<Option<Plan>, CompactionError> {
+        let saved = blocks.clone();
+        add_block(blocks, folded.block.clone());
+        let built = Plan::build(blocks, msgs, units, tokens, fixed, keep, counter)?;
+        if built.total() >= plan.total() {
+            *blocks = saved;
+            report.folds_rejected += 1;
+            return Ok(None);
+        }
+        if folded.block.start == 0 {
+            report.blocks_absorbed += saved.len();
+        }
+        report.summarizer = Some(folded.block.summarizer.clone());
+        report.summarizer_error = folded.error;
+        report.artifact_recall = folded.block.artifact_recall;
+        report.blocks_new += 1;
+        Ok(Some(built))
     }
 
     /// Where the new fold ends: the turn tail, or deeper inside a live turn when folding

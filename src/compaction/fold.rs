@@ -6,11 +6,11 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::blocks::{FoldBlock, range_hash};
-use super::keep::Keep;
+use super::keep::{Keep, UserClass};
 use crate::model::{DIGEST_MARKER, Message, ModelError};
 use crate::summarizer::artifacts::{self, Artifact};
 use crate::summarizer::extractive;
-use crate::summarizer::{Summarizer, SummarizerError, SummaryInput};
+use crate::summarizer::{DigestKind, SharedPrefix, Summarizer, SummarizerError, SummaryInput};
 
 /// How a new block is made.
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +21,11 @@ pub struct FoldRules {
     pub artifact_tokens: usize,
     /// Which messages stay verbatim.
     pub keep: Keep,
+    /// What kind of digest to write.
+    pub kind: DigestKind,
+    /// In a goal batch, user messages up to this many tokens stay verbatim (those the
+    /// small-message guarantee covers).
+    pub goal_keeps: Option<usize>,
 }
 
 /// A new block and how its digest was made.
@@ -38,72 +43,110 @@ pub struct Region<'a> {
     pub msgs: &'a [Arc<Message>],
     /// Their tokens.
     pub tokens: &'a [usize],
-    /// First message of the region.
+    /// First message of the region (the end of the stored blocks).
     pub start: usize,
     /// One past its last message.
     pub end: usize,
+    /// The request's `tools`, as raw JSON.
+    pub tools: Option<&'a str>,
 }
 
-/// Folds `region`, which follows the stored `blocks`, giving the summarizer the last
-/// block's digest as prior context. `None` when the summarizer deferred the fold.
+/// The messages the stored `blocks` emit, in order.
+pub fn emitted(blocks: &[FoldBlock]) -> Result<Vec<Arc<Message>>, ModelError> {
+    let mut out = Vec::new();
+    for b in blocks {
+        out.extend(b.emitted()?);
+    }
+    Ok(out)
+}
+
+/// Folds `region`, which follows the stored `blocks`. With `absorb`, the new block also
+/// takes the place of every stored block: it covers the history from message 0, and its
+/// digest is written from the blocks' messages (their earlier digests) and the region,
+/// so that one digest carries what several did; otherwise the summarizer gets the last
+/// block's digest as prior context. A goal batch ([`DigestKind::GoalBatch`]) always
+/// absorbs. `None` when the summarizer deferred the fold.
 pub async fn fold_after(
     blocks: &[FoldBlock],
+    absorb: bool,
     region: Region<'_>,
     summarizer: &dyn Summarizer,
     rules: FoldRules,
 ) -> Result<Option<Folded>, ModelError> {
-    let prior = match blocks.last() {
-        Some(b) => b.emitted()?.last().map(|m| m.text()),
-        None => None,
+    let absorb = absorb || rules.kind == DigestKind::GoalBatch;
+    let Region { msgs, tokens, start, end, tools } = region;
+    let stored = emitted(blocks)?;
+    let (before, mut input, prior) = if absorb {
+        (Vec::new(), stored, None)
+    } else {
+        let prior = stored.last().filter(|m| m.is_digest()).map(|m| m.text());
+        (stored, Vec::new(), prior)
     };
-    fold(region, prior.as_deref(), summarizer, rules).await
-}
-
-/// Folds `region` into a block: the messages `rules.keep` keeps verbatim, then one
-/// digest. The summarizer's failure (or empty answer) falls back to the extractive
-/// digest; when it defers (another process is summarizing), no block is made (`None`).
-pub async fn fold(
-    region: Region<'_>,
-    prior_digest: Option<&str>,
-    summarizer: &dyn Summarizer,
-    rules: FoldRules,
-) -> Result<Option<Folded>, ModelError> {
-    let Region { msgs, tokens, start, end } = region;
-    let region = &msgs[start..end];
-    let input = SummaryInput { messages: region, prior_digest, max_tokens: rules.max_tokens };
-    let (body, name, error) = match summarizer.summarize(input).await {
+    input.extend_from_slice(&msgs[start..end]);
+    let mut shared = before;
+    shared.extend_from_slice(&input);
+    let summary = SummaryInput {
+        messages: &input,
+        prior_digest: prior.as_deref(),
+        max_tokens: rules.max_tokens,
+        kind: rules.kind,
+        shared: Some(SharedPrefix { messages: &shared, tools, whole: absorb }),
+    };
+    let fallback = |input: &[Arc<Message>]| match rules.kind {
+        DigestKind::Fold => extractive::digest(input, rules.max_tokens),
+        DigestKind::GoalBatch => extractive::goal_history(input, rules.max_tokens),
+    };
+    let (body, name, error) = match summarizer.summarize(summary).await {
         Err(SummarizerError::Deferred) => return Ok(None),
         Ok(text) if !text.trim().is_empty() => (text, summarizer.name(), None),
-        Ok(_) => (
-            extractive::digest(region, rules.max_tokens),
-            "extractive",
-            Some("empty digest".to_owned()),
-        ),
-        Err(e) => (extractive::digest(region, rules.max_tokens), "extractive", Some(e.to_string())),
+        Ok(_) => (fallback(&input), "extractive", Some("empty digest".to_owned())),
+        Err(e) => (fallback(&input), "extractive", Some(e.to_string())),
     };
     let body = clip_chars(body.trim(), rules.max_tokens * 4);
-    let found = artifacts::extract(region);
+    let found = artifacts::extract(&input);
     let missing = artifacts::missing(&found, &body);
     let recall =
         (!found.is_empty()).then(|| (found.len() - missing.len()) as f64 / found.len() as f64);
     let body = append_artifacts(body, &missing, rules.artifact_tokens * 3);
     let digest = json!({"role": "assistant", "content": format!("{DIGEST_MARKER}\n{body}")});
 
+    // What stays verbatim: in a fold, the absorbed blocks' verbatim messages and the
+    // region's (`rules.keep`); in a goal batch, pinned messages, the task statement and
+    // the small user messages the guarantee covers: the others (past the floor) live on
+    // in its human direction.
+    let block_start = if absorb { blocks.first().map_or(start, |b| b.start) } else { start };
+    let stays = |i: usize| match rules.kind {
+        DigestKind::Fold => rules.keep.is_verbatim(msgs, tokens, i),
+        DigestKind::GoalBatch => {
+            msgs[i].role().is_pinned()
+                || match rules.keep.class(msgs, i, tokens[i]) {
+                    Some(UserClass::Task) => true,
+                    Some(UserClass::Small) => rules.goal_keeps.is_some_and(|max| tokens[i] <= max),
+                    _ => false,
+                }
+        }
+    };
     let mut messages = Vec::new();
     let mut verbatim = Vec::new();
-    for (i, m) in region.iter().enumerate() {
-        if rules.keep.is_verbatim(msgs, tokens, start + i) {
-            messages
-                .push(RawValue::from_string(m.raw().to_owned()).map_err(ModelError::Serialize)?);
-            verbatim.push(start + i);
+    let absorbed = if absorb {
+        blocks.iter().flat_map(|b| b.verbatim.iter().copied()).collect()
+    } else {
+        Vec::new()
+    };
+    for i in absorbed.into_iter().chain(start..end) {
+        if stays(i) {
+            messages.push(
+                RawValue::from_string(msgs[i].raw().to_owned()).map_err(ModelError::Serialize)?,
+            );
+            verbatim.push(i);
         }
     }
     let text = serde_json::to_string(&digest).map_err(ModelError::Serialize)?;
     messages.push(RawValue::from_string(text).map_err(ModelError::Serialize)?);
     let block = FoldBlock {
-        start,
+        start: block_start,
         end,
-        range_hash: range_hash(region),
+        range_hash: range_hash(&msgs[block_start..end]),
         messages,
         verbatim,
         summarizer: name.to_owned(),

@@ -4,14 +4,16 @@
 //! statement (the first user message) up to `task_verbatim_max_tokens`, because coding
 //! agents put their instructions and task there and an agent without them is lost; and
 //! the last user message, which is the instruction the live turn is working on.
-//! Larger user messages (pastes, tool output sent as user text) are folded like work.
+//! Larger user messages (pastes) are folded like work, and so is the tool output that
+//! text-mode agents send as `user` messages ([`crate::model::is_observation`]), whatever
+//! its size: it is not the user's words.
 
 use std::sync::Arc;
 
 use super::budget::Budget;
 use super::check::SmallGuarantee;
 use crate::config::CompactionConfig;
-use crate::model::{Message, Role};
+use crate::model::{Message, is_user_words};
 
 /// The verbatim rules of one request.
 #[derive(Debug, Clone, Copy)]
@@ -39,24 +41,20 @@ pub enum UserClass {
     Large,
 }
 
-fn is_user(m: &Message) -> bool {
-    m.role() == Role::User && !m.is_digest()
-}
-
 impl Keep {
     /// The rules for `msgs` under `cfg`.
     pub fn new(msgs: &[Arc<Message>], cfg: &CompactionConfig) -> Self {
         Self {
             user_max: cfg.user_verbatim_max_tokens,
             task_max: cfg.task_verbatim_max_tokens,
-            task: msgs.iter().position(|m| is_user(m)),
-            last_user: msgs.iter().rposition(|m| is_user(m)),
+            task: (0..msgs.len()).find(|&i| is_user_words(msgs, i)),
+            last_user: (0..msgs.len()).rfind(|&i| is_user_words(msgs, i)),
         }
     }
 
     /// How user message `i` (of `tokens` tokens) is treated; `None` if not a user message.
     pub fn class(&self, msgs: &[Arc<Message>], i: usize, tokens: usize) -> Option<UserClass> {
-        if !is_user(&msgs[i]) {
+        if !is_user_words(msgs, i) {
             return None;
         }
         Some(if Some(i) == self.task && tokens <= self.task_max.max(self.user_max) {
@@ -89,20 +87,37 @@ impl Keep {
         budget: &Budget,
     ) -> Option<usize> {
         let start = self.last_user?;
-        let (mut pinned_before, mut pinned_after) = (0, 0);
+        let pinned_before: usize =
+            (0..start).filter(|&i| msgs[i].role().is_pinned()).map(|i| tokens[i]).sum();
+        let small = self.guarantee(msgs, tokens, fixed, budget);
+        let turn: usize = tokens[start..].iter().sum();
+        (fixed + pinned_before + small.tokens + turn <= budget.budget).then_some(start)
+    }
+
+    /// The small user messages guarantee (2) covers in this request: the smallest first,
+    /// within the floor and the room beside the tool definitions and priming (`fixed`),
+    /// the pinned messages and the last user message.
+    pub fn guarantee(
+        &self,
+        msgs: &[Arc<Message>],
+        tokens: &[usize],
+        fixed: usize,
+        budget: &Budget,
+    ) -> SmallGuarantee {
+        let mut essentials = fixed + self.last_user.map_or(0, |i| tokens[i]);
         let mut small = Vec::new();
         for (i, m) in msgs.iter().enumerate() {
             if m.role().is_pinned() {
-                if i < start { pinned_before += tokens[i] } else { pinned_after += tokens[i] }
-            } else if i != start && is_user(m) && tokens[i] <= self.user_max {
+                essentials += tokens[i];
+            } else if Some(i) != self.last_user
+                && is_user_words(msgs, i)
+                && tokens[i] <= self.user_max
+            {
                 small.push(tokens[i]);
             }
         }
-        let essentials = fixed + pinned_before + pinned_after + tokens[start];
         let room = budget.budget.saturating_sub(essentials);
-        let small = SmallGuarantee::of(small.into_iter(), budget.floor, room);
-        let turn: usize = tokens[start..].iter().sum();
-        (fixed + pinned_before + small.tokens + turn <= budget.budget).then_some(start)
+        SmallGuarantee::of(small.into_iter(), budget.floor, room)
     }
 
     /// Tokens of what folding `[start, end)` would replace.

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 
-use super::blocks::FoldBlock;
+use super::blocks::{CutItem, FoldBlock};
 use super::keep::{Keep, UserClass};
 use super::tokens::Counter;
 use super::units::{Unit, UnitKind};
@@ -164,6 +165,77 @@ impl Plan {
         self.items.iter().filter(|i| !i.dropped).flat_map(|i| i.msgs.iter().cloned()).collect()
     }
 
+    /// What this plan cuts of the original units from `from` on (dropped, or with
+    /// stubbed results), to be reapplied by [`Plan::apply_cut`].
+    pub fn cut_items(
+        &self,
+        msgs: &[Arc<Message>],
+        from: usize,
+    ) -> Result<Vec<CutItem>, ModelError> {
+        let mut out = Vec::new();
+        for it in &self.items {
+            if it.pos < from || it.originals == 0 || !(it.dropped || it.elided > 0) {
+                continue;
+            }
+            let messages = if it.dropped {
+                None
+            } else {
+                let raw: Result<Vec<_>, _> = it
+                    .msgs
+                    .iter()
+                    .map(|m| {
+                        RawValue::from_string(m.raw().to_owned()).map_err(ModelError::Serialize)
+                    })
+                    .collect();
+                Some(raw?)
+            };
+            out.push(CutItem { pos: it.pos, hash: msgs[it.pos].hash(), messages });
+        }
+        Ok(out)
+    }
+
+    /// This plan with a stored `cut` applied to its units from `from` on, or `None` when
+    /// the cut no longer fits the history (a unit changed or is gone) or touches the
+    /// protected turn (from original index `protect` on).
+    pub fn apply_cut(
+        &self,
+        cut: &[CutItem],
+        msgs: &[Arc<Message>],
+        from: usize,
+        protect: Option<usize>,
+        counter: &mut Counter<'_>,
+    ) -> Result<Option<Self>, ModelError> {
+        let mut out = self.clone();
+        for c in cut {
+            if c.pos < from || protect.is_some_and(|p| c.pos >= p) {
+                return Ok(None);
+            }
+            let found = out.items.iter_mut().find(|it| {
+                it.pos == c.pos
+                    && it.originals > 0
+                    && msgs.get(c.pos).is_some_and(|m| m.hash() == c.hash)
+            });
+            let Some(item) = found else { return Ok(None) };
+            match &c.messages {
+                None => item.dropped = true,
+                Some(raw) => {
+                    let new: Vec<Arc<Message>> = raw
+                        .iter()
+                        .map(|r| Message::from_raw(r.clone()).map(Arc::new))
+                        .collect::<Result<_, _>>()?;
+                    if new.len() != item.msgs.len() {
+                        return Ok(None);
+                    }
+                    item.elided =
+                        new.iter().zip(&item.msgs).filter(|(a, b)| a.hash() != b.hash()).count();
+                    item.tokens = new.iter().map(|m| counter.message(m)).sum();
+                    item.msgs = new;
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// Tier 1: stubs tool results over `min_tokens` in work items before original index
     /// `before`, oldest first, until `target` is met. Returns whether anything changed.
     pub fn elide_before(
@@ -202,7 +274,10 @@ impl Plan {
         let mut changed = false;
         let mut new_msgs = item.msgs.clone();
         for (k, m) in item.msgs.iter().enumerate() {
-            if !m.role().is_tool_result() || m.text().starts_with(STUB_PREFIX) {
+            // Inside a work item, a `user` message after the first is a text-mode tool
+            // output (units pair it with its command).
+            let result = m.role().is_tool_result() || (k > 0 && m.role() == Role::User);
+            if !result || m.text().starts_with(STUB_PREFIX) {
                 continue;
             }
             let t = counter.message(m);
@@ -379,6 +454,9 @@ pub const STUB_PREFIX: &str = "[elided by foldgate:";
 /// The name of the tool whose call `result` answers: the caller's call with the same id,
 /// else the call at the same position.
 fn tool_name(caller: Option<&Message>, result: &Message, position: usize) -> String {
+    if result.role() == Role::User {
+        return "command".to_owned();
+    }
     let Some(caller) = caller else { return "tool".to_owned() };
     let calls: Vec<&Value> = caller.tool_calls().iter().chain(caller.function_call()).collect();
     let by_id = result.tool_call_id().and_then(|id| calls.iter().find(|c| call_parts(c).0 == id));

@@ -18,7 +18,8 @@ pub struct Report {
     pub tokens_before_exact: bool,
     /// Prompt tokens of the forwarded request.
     pub tokens_after: usize,
-    /// Highest tier applied: 0 none (or stored blocks only), 1 elide, 2 fold, 4 fallback.
+    /// Highest tier applied: 0 none (or stored blocks only), 1 elide, 2 fold, 3 goal
+    /// batch, 4 fallback.
     pub tier: u8,
     /// The call was forced (below the trigger).
     pub forced: bool,
@@ -49,6 +50,15 @@ pub struct Report {
     /// folds already made (and no new elision), for the caller to summarize the fold in
     /// the background and apply it to a later request.
     pub fold_postponed: bool,
+    /// The previous request's cut was applied again (tier 4 without a new cut).
+    pub cut_reused: bool,
+    /// Stored blocks a new block took the place of (its digest carries theirs): the
+    /// forwarded prefix changes from their first digest on.
+    pub blocks_absorbed: usize,
+    /// Goal batches made (tier 3).
+    pub goal_batches: usize,
+    /// New blocks discarded because they would not have made the prompt smaller.
+    pub folds_rejected: usize,
     /// Summarizer used for new blocks.
     pub summarizer: Option<String>,
     /// Why the summarizer failed, if it did (the extractive digest was used instead).
@@ -87,6 +97,10 @@ impl Report {
             used_prefetched: false,
             fold_deferred: false,
             fold_postponed: false,
+            cut_reused: false,
+            blocks_absorbed: 0,
+            goal_batches: 0,
+            folds_rejected: 0,
             summarizer: None,
             summarizer_error: None,
             artifact_recall: None,

@@ -2,13 +2,15 @@
 //!
 //! A unit is a run of messages that must stay together: an assistant message that calls
 //! tools (or a legacy function) with the tool/function messages right after it that
-//! answer it, or any other single message. Results are paired with calls by position
+//! answer it, an assistant message that issued a command as text with the tool output
+//! a text-mode agent sent back as `user` ([`is_observation`]), or any other single
+//! message. Results are paired with calls by position
 //! (the nearest preceding assistant message), never by a global id: agents reuse ids
 //! across turns. Every unit boundary is a safe cut. A turn starts at a user message.
 
 use std::sync::Arc;
 
-use crate::model::{Message, Role};
+use crate::model::{Message, Role, is_observation};
 
 /// What a unit holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +19,8 @@ pub enum UnitKind {
     Pinned,
     /// A user message written by the user (not a digest).
     User,
-    /// An assistant message with calls and the results answering them.
+    /// An assistant message with calls and the results answering them (or a text-mode
+    /// command and its output).
     Calls,
     /// An assistant message without calls.
     Assistant,
@@ -50,6 +53,7 @@ pub fn units(msgs: &[Arc<Message>]) -> Vec<Unit> {
         } else if role.is_pinned() {
             (UnitKind::Pinned, i + 1)
         } else if role == Role::User {
+            // An observation is taken with the command before it, never reached here.
             (UnitKind::User, i + 1)
         } else if m.makes_calls() {
             let mut j = i + 1;
@@ -57,6 +61,8 @@ pub fn units(msgs: &[Arc<Message>]) -> Vec<Unit> {
                 j += 1;
             }
             (UnitKind::Calls, j)
+        } else if role == Role::Assistant && is_observation(msgs, i + 1) {
+            (UnitKind::Calls, i + 2)
         } else if role == Role::Assistant {
             (UnitKind::Assistant, i + 1)
         } else {

@@ -45,6 +45,10 @@ impl Summarizer for Gate<'_> {
         self.inner.name()
     }
 
+    fn prompt(&self, input: &SummaryInput<'_>) -> Option<crate::summarizer::ModelPrompt> {
+        self.inner.prompt(input)
+    }
+
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
         if self.busy {
             self.blocked.store(true, Ordering::Relaxed);
@@ -90,7 +94,13 @@ mod tests {
     }
 
     fn input(messages: &[Arc<Message>]) -> SummaryInput<'_> {
-        SummaryInput { messages, prior_digest: None, max_tokens: 100 }
+        SummaryInput {
+            messages,
+            prior_digest: None,
+            max_tokens: 100,
+            kind: crate::summarizer::DigestKind::Fold,
+            shared: None,
+        }
     }
 
     #[tokio::test]

@@ -68,6 +68,10 @@ impl Summarizer for Leased<'_> {
         self.inner.name()
     }
 
+    fn prompt(&self, input: &SummaryInput<'_>) -> Option<crate::summarizer::ModelPrompt> {
+        self.inner.prompt(input)
+    }
+
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
         if !self.holds() {
             match self.store.try_lease(self.key, self.ttl).await {

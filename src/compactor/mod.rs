@@ -516,6 +516,10 @@ fn fingerprint(state: &SessionState) -> u64 {
         }
     }
     h.update(&[u8::from(state.pending.is_some())]);
+    for c in &state.cut {
+        h.update(&(c.pos as u64).to_le_bytes());
+        h.update(&[u8::from(c.messages.is_some())]);
+    }
     h.digest()
 }
 

@@ -89,6 +89,17 @@ pub struct SummarizerConfig {
     pub cooldown: Duration,
     /// The text sent to the model is cut to about this many tokens.
     pub max_input_tokens: usize,
+    /// Send the conversation as last forwarded (same `tools`, same messages) with the
+    /// instruction as its last message, so the provider's prompt cache serves most of the
+    /// call; unset: on when neither `model` nor `url` names a separate summarizer.
+    pub share_prefix: Option<bool>,
+}
+
+impl SummarizerConfig {
+    /// Whether summarization calls share the conversation's cached prefix.
+    pub fn shares_prefix(&self) -> bool {
+        self.share_prefix.unwrap_or(self.model.is_empty() && self.url.is_empty())
+    }
 }
 
 impl Default for SummarizerConfig {
@@ -103,6 +114,7 @@ impl Default for SummarizerConfig {
             failure_threshold: 3,
             cooldown: Duration::from_secs(30),
             max_input_tokens: 24_000,
+            share_prefix: None,
         }
     }
 }

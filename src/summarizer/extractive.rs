@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::artifacts::{self, ArtifactKind};
-use super::{Summarizer, SummarizerError, SummaryInput};
-use crate::model::{Message, Role, call_parts};
+use super::{DigestKind, Summarizer, SummarizerError, SummaryInput};
+use crate::model::{Message, Role, call_parts, is_user_words};
 
 /// Builds digests from the messages alone; never fails.
 #[derive(Debug, Clone, Copy, Default)]
@@ -26,7 +26,10 @@ impl Summarizer for ExtractiveSummarizer {
     }
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
-        Ok(digest(input.messages, input.max_tokens))
+        Ok(match input.kind {
+            DigestKind::Fold => digest(input.messages, input.max_tokens),
+            DigestKind::GoalBatch => goal_history(input.messages, input.max_tokens),
+        })
     }
 }
 
@@ -195,9 +198,11 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     let budget = max_tokens.max(64) * 3;
     let share = |pct: usize| budget * pct / 100;
     let work: Vec<&Arc<Message>> = msgs.iter().filter(|m| !m.is_digest()).collect();
+    let user_words: Vec<&Arc<Message>> =
+        (0..msgs.len()).filter(|&i| is_user_words(msgs, i)).map(|i| &msgs[i]).collect();
 
     let mut facts = Vec::new();
-    for m in work.iter().filter(|m| m.role() == Role::User) {
+    for m in &user_words {
         let text = m.text();
         if text.len() > USER_STATEMENT_MAX_CHARS {
             continue;
@@ -250,7 +255,7 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     let findings = keep_ends(findings, 2, 8);
 
     let calls = acts.len();
-    let users = work.iter().filter(|m| m.role() == Role::User).count();
+    let users = user_words.len();
     let mut state = vec![format!(
         "This folds {} earlier messages: {calls} actions, {users} user messages.",
         msgs.len()
@@ -294,6 +299,66 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     section(&mut out, "Current state", &state, share(5));
     section(&mut out, "Open items", &open, share(5));
     section(&mut out, "Key artifacts", &artifact_lines, share(20));
+    out.trim_end().to_owned()
+}
+
+/// The extractive goal history of `msgs` (whole turns, earlier digests included), within
+/// about `max_tokens` tokens: the goal (the first user message), every user message in
+/// order (human direction), the lines earlier digests recorded as achieved, as dead ends
+/// and as constraints, the actions of the turns, and the exact artifacts.
+pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
+    let budget = max_tokens.max(64) * 3;
+    let share = |pct: usize| budget * pct / 100;
+    let users: Vec<String> = (0..msgs.len())
+        .filter(|&i| is_user_words(msgs, i))
+        .map(|i| msgs[i].text())
+        .filter(|t| t.len() <= USER_STATEMENT_MAX_CHARS)
+        .map(|t| format!("The user: \"{}\"", clip(&t, 300)))
+        .collect();
+    let goal: Vec<String> = users.first().cloned().into_iter().collect();
+    // What earlier digests recorded, by the section it was under.
+    let (mut achieved, mut dead_ends, mut lasting) = (Vec::new(), Vec::new(), Vec::new());
+    for m in msgs.iter().filter(|m| m.is_digest()) {
+        let text = m.text();
+        let mut into: Option<&mut Vec<String>> = None;
+        for line in text.lines() {
+            if let Some(title) = line.strip_prefix("## ") {
+                into = match title.trim() {
+                    "Milestones" | "Achieved" | "Current state" => Some(&mut achieved),
+                    "Attempted & abandoned" | "Dead ends" => Some(&mut dead_ends),
+                    "Standing facts & constraints" | "Lasting constraints" | "Human direction" => {
+                        Some(&mut lasting)
+                    }
+                    _ => None,
+                };
+            } else if let Some(list) = into.as_deref_mut() {
+                let item = line.trim().trim_start_matches("- ").trim();
+                if !item.is_empty() && !list.iter().any(|l: &String| l == item) {
+                    list.push(item.to_owned());
+                }
+            }
+        }
+    }
+    let acts = actions(msgs);
+    achieved.extend(keep_ends(
+        acts.iter().filter(|a| !a.failed).map(|a| format!("{} → {}", a.what, a.result)).collect(),
+        2,
+        8,
+    ));
+    dead_ends.extend(
+        acts.iter().filter(|a| a.failed).map(|a| format!("{} failed: {}", a.what, a.result)),
+    );
+    let found = artifacts::extract(msgs);
+    let artifact_lines: Vec<String> =
+        found.iter().map(|a| format!("{}: {}", a.kind.label(), a.text)).collect();
+
+    let mut out = String::new();
+    section(&mut out, "Goal arc", &goal, share(10));
+    section(&mut out, "Human direction", &users, share(30));
+    section(&mut out, "Achieved", &keep_ends(achieved, 4, 12), share(22));
+    section(&mut out, "Dead ends", &keep_ends(dead_ends, 2, 6), share(10));
+    section(&mut out, "Lasting constraints", &lasting, share(10));
+    section(&mut out, "Key artifacts", &artifact_lines, share(18));
     out.trim_end().to_owned()
 }
 

@@ -123,6 +123,46 @@ pub struct SummaryInput<'a> {
     pub prior_digest: Option<&'a str>,
     /// The digest should stay within about this many tokens.
     pub max_tokens: usize,
+    /// What kind of digest to write.
+    pub kind: DigestKind,
+    /// The conversation as its provider last saw it, ending with the region: a model
+    /// summarizer that sends these messages first is served them from the provider's
+    /// prompt cache.
+    pub shared: Option<SharedPrefix<'a>>,
+}
+
+/// The kinds of digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestKind {
+    /// Tier 2: the work of one stretch of the conversation.
+    Fold,
+    /// Tier 3: the oldest whole turns, user messages and earlier digests included, as one
+    /// goal history (goal arc, human direction, achieved, dead ends, lasting
+    /// constraints, key artifacts).
+    GoalBatch,
+}
+
+/// The start of a conversation as last forwarded, up to the end of the region to digest.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedPrefix<'a> {
+    /// The forwarded messages, in order: stored blocks' messages, then originals up to
+    /// the end of the region.
+    pub messages: &'a [Arc<Message>],
+    /// The request's `tools`, as raw JSON.
+    pub tools: Option<&'a str>,
+    /// The digest replaces the whole conversation above, earlier digests included (not
+    /// only what follows the last digest).
+    pub whole: bool,
+}
+
+/// What a model summarizer sends for one digest: its messages and tool definitions, in
+/// order (for pricing a replay).
+#[derive(Debug, Clone, Default)]
+pub struct ModelPrompt {
+    /// The messages sent.
+    pub messages: Vec<Arc<Message>>,
+    /// The `tools` sent, as raw JSON.
+    pub tools: Option<String>,
 }
 
 /// Writes the digest of a fold region: sections in the order of DESIGN.md ("Standing
@@ -136,4 +176,10 @@ pub trait Summarizer: Send + Sync {
 
     /// The digest body for `input`.
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError>;
+
+    /// What [`Summarizer::summarize`] would send a model for `input`; `None` when it calls
+    /// no model.
+    fn prompt(&self, _input: &SummaryInput<'_>) -> Option<ModelPrompt> {
+        None
+    }
 }

@@ -34,9 +34,9 @@ pub use credential::Credential;
 use stats::Counters;
 pub use stats::LlmStats;
 
-use super::{FailureReason, Summarizer, SummarizerError, SummaryInput};
+use super::{FailureReason, ModelPrompt, Summarizer, SummarizerError, SummaryInput};
 use crate::config::{SummarizerConfig, UpstreamConfig};
-use crate::model::content_text;
+use crate::model::{Message, content_text};
 
 /// Why the LLM summarizer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +61,8 @@ pub struct LlmSummarizer {
     api_key: Option<HeaderValue>,
     timeout: Duration,
     max_input_tokens: usize,
+    /// Send the conversation's forwarded prefix instead of a rendering of the region.
+    share_prefix: bool,
     permits: Semaphore,
     breaker: Breaker,
     counters: Counters,
@@ -105,6 +107,7 @@ impl LlmSummarizer {
             api_key,
             timeout: cfg.timeout,
             max_input_tokens: cfg.max_input_tokens,
+            share_prefix: cfg.shares_prefix(),
             permits: Semaphore::new(cfg.max_concurrency.max(1)),
             breaker: Breaker::new(cfg.failure_threshold, cfg.cooldown),
             counters: Counters::default(),
@@ -208,27 +211,70 @@ impl LlmSummarizer {
             .acquire()
             .await
             .map_err(|_| SummarizerError::Transport("summarizer closed".to_owned()))?;
-        let mut body = json!({
-            "model": model,
-            "messages": [
-                {"role": "system", "content": prompt::SYSTEM_PROMPT},
-                {"role": "user", "content": prompt::user_prompt(&input, self.max_input_tokens)},
-            ],
-            "stream": false,
-        });
-        if is_reasoning_model(model) {
-            // Reasoning models reject `max_tokens` and `temperature`; their budget covers
-            // hidden reasoning too, so it is given room beyond the digest itself.
-            body["max_completion_tokens"] = json!(input.max_tokens.saturating_mul(4).max(4096));
-        } else {
-            body["temperature"] = json!(0);
-            body["max_tokens"] = json!(input.max_tokens);
-        }
-        let body = serde_json::to_vec(&body)
-            .map_err(|e| SummarizerError::Failed(format!("cannot serialize the request: {e}")))?;
+        let body = request_body(model, &self.prompt_for(&input), input.max_tokens)
+            .map_err(|e| SummarizerError::Failed(format!("cannot build the request: {e}")))?;
         let answer = self.client.post_json(&self.endpoint, auth, body).await?;
         digest_from(&answer)
     }
+}
+
+impl LlmSummarizer {
+    /// The messages and tools a call for `input` sends: with a shared prefix (and
+    /// `summarizer.share_prefix`), the conversation as forwarded and the instruction last;
+    /// otherwise the digest prompt over a rendering of the region.
+    fn prompt_for(&self, input: &SummaryInput<'_>) -> ModelPrompt {
+        let message = |role: &str, content: String| {
+            Message::from_value(json!({"role": role, "content": content})).map(Arc::new)
+        };
+        if let Some(shared) = input.shared.filter(|_| self.share_prefix) {
+            let mut messages = shared.messages.to_vec();
+            messages.extend(message("user", prompt::shared_instruction(input)));
+            return ModelPrompt { messages, tools: shared.tools.map(str::to_owned) };
+        }
+        let messages = [
+            message("system", prompt::SYSTEM_PROMPT.to_owned()),
+            message("user", prompt::user_prompt(input, self.max_input_tokens)),
+        ];
+        ModelPrompt { messages: messages.into_iter().flatten().collect(), tools: None }
+    }
+}
+
+/// The chat-completions body of one call: the prompt's messages (their JSON text as
+/// is), its `tools` with `tool_choice: none`, and the answer's size.
+fn request_body(
+    model: &str,
+    prompt: &ModelPrompt,
+    max_tokens: usize,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let mut out =
+        Vec::with_capacity(prompt.messages.iter().map(|m| m.raw().len() + 1).sum::<usize>() + 256);
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(&mut out, model)?;
+    out.extend_from_slice(b",\"messages\":[");
+    for (i, m) in prompt.messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(m.raw().as_bytes());
+    }
+    out.push(b']');
+    if let Some(tools) = &prompt.tools {
+        out.extend_from_slice(b",\"tools\":");
+        out.extend_from_slice(tools.as_bytes());
+        out.extend_from_slice(b",\"tool_choice\":\"none\"");
+    }
+    out.extend_from_slice(b",\"stream\":false,");
+    if is_reasoning_model(model) {
+        // Reasoning models reject `max_tokens` and `temperature`; their budget covers
+        // hidden reasoning too, so it is given room beyond the digest itself.
+        let budget = max_tokens.saturating_mul(4).max(4096);
+        out.extend_from_slice(format!("\"max_completion_tokens\":{budget}}}").as_bytes());
+    } else {
+        out.extend_from_slice(
+            format!("\"temperature\":0,\"max_tokens\":{max_tokens}}}").as_bytes(),
+        );
+    }
+    Ok(out)
 }
 
 /// OpenAI's reasoning families (o1, o3, o4, gpt-5), which take `max_completion_tokens`
@@ -282,6 +328,10 @@ impl Summarizer for BoundSummarizer {
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
         self.inner.summarize(self.credential.as_ref(), &self.model, input).await
+    }
+
+    fn prompt(&self, input: &SummaryInput<'_>) -> Option<ModelPrompt> {
+        Some(self.inner.prompt_for(input))
     }
 }
 
