@@ -201,6 +201,8 @@ impl Engine {
         }
 
         if opts.force || plan.total() > budget.trigger {
+            // The conversation as forwarded so far: what a shared-prefix summarizer sends.
+            let forwarded = plan.messages();
             // A block summarized ahead of need is applied first: no summarizer call. One
             // that reaches into a protected turn waits for a later request.
             if pending.as_ref().is_some_and(|b| !applies(b, blocks, msgs, &units)) {
@@ -244,8 +246,14 @@ impl Engine {
                         kind: DigestKind::Fold,
                         goal_keeps: None,
                     };
-                    let region =
-                        Region { msgs, tokens: &tokens, start: blocks_end, end, tools: tools_raw };
+                    let region = Region {
+                        msgs,
+                        tokens: &tokens,
+                        start: blocks_end,
+                        end,
+                        tools: tools_raw,
+                        forwarded: &forwarded,
+                    };
                     // Digests do not pile up: once the stored ones outgrow one digest's
                     // size, the new digest takes their place and carries what they held.
                     let stored_digests: usize = plan
@@ -343,8 +351,14 @@ impl Engine {
                         kind: DigestKind::GoalBatch,
                         goal_keeps,
                     };
-                    let region =
-                        Region { msgs, tokens: &tokens, start: blocks_end, end, tools: tools_raw };
+                    let region = Region {
+                        msgs,
+                        tokens: &tokens,
+                        start: blocks_end,
+                        end,
+                        tools: tools_raw,
+                        forwarded: &forwarded,
+                    };
                     match fold_after(blocks, true, region, summarizer, rules).await? {
                         Some(folded) => {
                             let built = self.with_block(

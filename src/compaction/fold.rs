@@ -49,6 +49,9 @@ pub struct Region<'a> {
     pub end: usize,
     /// The request's `tools`, as raw JSON.
     pub tools: Option<&'a str>,
+    /// The conversation as forwarded before this compaction (stored blocks, the last
+    /// cut, the originals after them): the prefix a shared-prefix summarizer sends.
+    pub forwarded: &'a [Arc<Message>],
 }
 
 /// The messages the stored `blocks` emit, in order.
@@ -74,23 +77,26 @@ pub async fn fold_after(
     rules: FoldRules,
 ) -> Result<Option<Folded>, ModelError> {
     let absorb = absorb || rules.kind == DigestKind::GoalBatch;
-    let Region { msgs, tokens, start, end, tools } = region;
+    let Region { msgs, tokens, start, end, tools, forwarded } = region;
     let stored = emitted(blocks)?;
-    let (before, mut input, prior) = if absorb {
-        (Vec::new(), stored, None)
+    let (mut input, prior) = if absorb {
+        (stored, None)
     } else {
-        let prior = stored.last().filter(|m| m.is_digest()).map(|m| m.text());
-        (stored, Vec::new(), prior)
+        (Vec::new(), stored.last().filter(|m| m.is_digest()).map(|m| m.text()))
     };
     input.extend_from_slice(&msgs[start..end]);
-    let mut shared = before;
-    shared.extend_from_slice(&input);
+    // The forwarded conversation up to the region's last message: the provider has it
+    // cached (the previous request started with it). When the last request cut that
+    // message, there is no such prefix and the summarizer renders the region instead.
+    let last = end.checked_sub(1).map(|i| msgs[i].hash());
+    let through = last.and_then(|h| forwarded.iter().rposition(|m| m.hash() == h));
+    let shared = through.map(|i| SharedPrefix { messages: &forwarded[..=i], tools, whole: absorb });
     let summary = SummaryInput {
         messages: &input,
         prior_digest: prior.as_deref(),
         max_tokens: rules.max_tokens,
         kind: rules.kind,
-        shared: Some(SharedPrefix { messages: &shared, tools, whole: absorb }),
+        shared,
     };
     let fallback = |input: &[Arc<Message>]| match rules.kind {
         DigestKind::Fold => extractive::digest(input, rules.max_tokens),

@@ -142,11 +142,13 @@ pub enum DigestKind {
     GoalBatch,
 }
 
-/// The start of a conversation as last forwarded, up to the end of the region to digest.
+/// The conversation as forwarded before this compaction (the previous forwarded request
+/// and what the client added since), up to the last message of the region to digest:
+/// a prefix the provider has cached.
 #[derive(Debug, Clone, Copy)]
 pub struct SharedPrefix<'a> {
-    /// The forwarded messages, in order: stored blocks' messages, then originals up to
-    /// the end of the region.
+    /// The messages, in order: stored blocks' messages, then the originals (as cut by
+    /// the last request, if it was), ending with the region's last message.
     pub messages: &'a [Arc<Message>],
     /// The request's `tools`, as raw JSON.
     pub tools: Option<&'a str>,

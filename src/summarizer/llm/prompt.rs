@@ -92,20 +92,23 @@ fn format_rules(kind: DigestKind, max_tokens: usize) -> String {
 /// a goal batch: all of it).
 pub fn shared_instruction(input: &SummaryInput<'_>) -> String {
     let whole = input.shared.is_some_and(|s| s.whole);
+    let end = " to its end";
     let stretch = match input.kind {
-        DigestKind::Fold if whole => "Write my memory of the whole conversation above, my \
-             earlier memories included: it will take its place in my context, after the \
+        DigestKind::Fold if whole => format!(
+            "Write my memory of the conversation above, from its beginning{end}, my earlier \
+             memories included: it will take that stretch's place in my context, after the \
              system messages and the messages of the user I keep."
-            .to_owned(),
+        ),
         DigestKind::Fold => format!(
             "Write my memory of the conversation above, from just after my last message \
-             that starts with `{DIGEST_MARKER}` (from its beginning when there is none) to \
-             its end: it will take that stretch's place in my context."
+             that starts with `{DIGEST_MARKER}` (from its beginning when there is none){end}: \
+             it will take that stretch's place in my context."
         ),
-        DigestKind::GoalBatch => "Write my goal history of the whole conversation above, my \
-             earlier memories included: it will take its place in my context, after the \
-             system messages."
-            .to_owned(),
+        DigestKind::GoalBatch => format!(
+            "Write my goal history of the conversation above, from its beginning{end}, my \
+             earlier memories included: it will take that stretch's place in my context, \
+             after the system messages."
+        ),
     };
     format!(
         "Pause the task: do not answer the conversation and do not call any tool. {stretch} \
