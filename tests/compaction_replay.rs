@@ -18,7 +18,8 @@ async fn dev_traces_replay_without_violations() {
         engine: Options { window_cap: Some(16_000), ..Options::default() },
         max_tokens: None,
     };
-    let (convs, total) = replay_file(&path, &engine, &ExtractiveSummarizer, &opts).await.unwrap();
+    let (convs, total) =
+        replay_file(&path, &engine, &|_| Box::new(ExtractiveSummarizer), &opts).await.unwrap();
     println!("{total:?}");
     assert_eq!(convs.len(), 184);
     assert_eq!(total.violation_count(), 0, "first: {:?}", total.first_violation);

@@ -300,7 +300,7 @@ pub async fn replay_conversation(
 pub async fn replay_file(
     path: &std::path::Path,
     engine: &Engine,
-    summarizer: &dyn Summarizer,
+    summarizer: &SummarizerFor<'_>,
     opts: &ReplayOptions,
 ) -> Result<(Vec<ReplayStats>, ReplayStats), ReplayError> {
     let read_err = |source| ReplayError::Read { path: path.display().to_string(), source };
@@ -318,12 +318,17 @@ pub async fn replay_file(
         if let Some(max) = opts.max_tokens {
             conv.fields.insert("max_tokens".into(), Value::from(max));
         }
-        let stats = replay_conversation(engine, &conv, summarizer, &opts.engine).await?;
+        let model = conv.fields.get("model").and_then(Value::as_str).unwrap_or_default();
+        let summarizer = summarizer(model);
+        let stats = replay_conversation(engine, &conv, summarizer.as_ref(), &opts.engine).await?;
         total.add(&stats);
         all.push(stats);
     }
     Ok((all, total))
 }
+
+/// The summarizer for a conversation of the given model.
+pub type SummarizerFor<'a> = dyn Fn(&str) -> Box<dyn Summarizer> + 'a;
 
 /// How a file is replayed.
 #[derive(Debug, Clone, Default)]
@@ -400,11 +405,11 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     } else {
         None
     };
-    let model = args.model.clone().unwrap_or_default();
-    let bound = llm.as_ref().map(|s| s.bind(None, &model));
-    let summarizer: &dyn Summarizer = match &bound {
-        Some(b) => b,
-        None => &ExtractiveSummarizer,
+    let summarizer = |model: &str| -> Box<dyn Summarizer> {
+        match &llm {
+            Some(s) => Box::new(s.bind(None, model)),
+            None => Box::new(ExtractiveSummarizer),
+        }
     };
     let engine = Engine::new(config.compaction);
     let opts = ReplayOptions {
@@ -415,7 +420,7 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
         },
         max_tokens: args.max_tokens,
     };
-    let (all, total) = match rt.block_on(replay_file(&args.file, &engine, summarizer, &opts)) {
+    let (all, total) = match rt.block_on(replay_file(&args.file, &engine, &summarizer, &opts)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("foldgate replay: {e}");

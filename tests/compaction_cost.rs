@@ -1,0 +1,133 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, missing_docs)]
+//! What long sessions cost with foldgate, priced the way providers bill (cached prefix
+//! x0.1): the dev traces replayed at 16k and 32k windows with `max_tokens` 1000 and the
+//! model summarizer (real HTTP to a mock that answers digests of about 900 tokens) must
+//! cost at most 0.88x sending every conversation whole, without a violation; text-mode
+//! tool output is recognised as such on every trace family.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::{MockUpstream, Recorded, response};
+use foldgate::commands::replay::{ReplayOptions, replay_file};
+use foldgate::compaction::{Engine, Options};
+use foldgate::config::SummarizerKind;
+use foldgate::model::{Message, Role, is_observation};
+use foldgate::summarizer::Summarizer;
+use foldgate::summarizer::llm::LlmSummarizer;
+use serde_json::{Value, json};
+
+fn traces() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/dev.jsonl");
+    assert!(path.exists(), "{} is missing: clone shared/ beside the repository", path.display());
+    path
+}
+
+const SENTENCE: &str =
+    "I edited the parser module and ran the unit tests again, which passed after the fix. ";
+
+/// A summarizer endpoint: a digest of about three quarters of `max_tokens`, and a
+/// record of what each call sent.
+fn digests(calls: Arc<AtomicUsize>, shared: Arc<AtomicUsize>) -> common::Handler {
+    Arc::new(move |rec: Recorded| {
+        let (calls, shared) = (calls.clone(), shared.clone());
+        Box::pin(async move {
+            let body: Value = serde_json::from_slice(&rec.body).unwrap();
+            calls.fetch_add(1, Ordering::SeqCst);
+            assert!(!body["model"].as_str().unwrap_or("").is_empty(), "the conversation's model");
+            let messages = body["messages"].as_array().unwrap();
+            let last = messages.last().unwrap()["content"].as_str().unwrap_or("");
+            if last.starts_with("Pause the task") {
+                shared.fetch_add(1, Ordering::SeqCst);
+                if body.get("tools").is_some() {
+                    assert_eq!(body["tool_choice"], "none", "a digest, never a tool call");
+                }
+            }
+            let chars = body["max_tokens"].as_u64().unwrap_or(1000) as usize * 3;
+            let text: String = SENTENCE.chars().cycle().take(chars).collect();
+            let answer = json!({"choices": [{"index": 0, "message": {"role": "assistant",
+                "content": format!("## Milestones\n{text}")}}]});
+            response(200, answer.to_string())
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_traces_cost_less_than_no_compaction_at_16k_and_32k() {
+    let (calls, shared) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mock = MockUpstream::start(digests(calls.clone(), shared.clone())).await;
+    let mut config = common::config_for(&mock.url());
+    config.summarizer.kind = SummarizerKind::Llm;
+    let llm = LlmSummarizer::new(&config.summarizer, &config.upstream).unwrap();
+    let summarizer = |model: &str| -> Box<dyn Summarizer> { Box::new(llm.bind(None, model)) };
+    for window in [16_000, 32_000] {
+        let engine = Engine::new(config.compaction.clone());
+        let opts = ReplayOptions {
+            engine: Options { window_cap: Some(window), ..Options::default() },
+            max_tokens: Some(1000),
+        };
+        let (convs, total) = replay_file(&traces(), &engine, &summarizer, &opts).await.unwrap();
+        let (cost, whole) = (total.cost(0.1), total.cost_whole(0.1));
+        println!("{window}: {}", foldgate::commands::replay::cost_line(&total, 0.1));
+        assert_eq!(convs.len(), 184);
+        assert_eq!(total.violation_count(), 0, "first: {:?}", total.first_violation);
+        assert!(
+            cost <= 0.88 * whole,
+            "{window}: {cost:.0} against {whole:.0} ({:.3}x)",
+            cost / whole
+        );
+        assert!(total.summarizer_calls > 0, "{window}: digests were written by the model");
+        assert!(
+            total.summarizer.cached * 2 > total.summarizer.tokens(),
+            "{window}: the summarizer shares the cached prefix: {:?}",
+            total.summarizer
+        );
+        assert!(total.prefix_repeats * 100 > total.requests * 85, "{window}: {total:?}");
+    }
+    let (calls, shared) = (calls.load(Ordering::SeqCst), shared.load(Ordering::SeqCst));
+    assert!(shared * 10 >= calls * 9, "{shared} of {calls} calls shared the prefix");
+}
+
+/// Every user message of the text-mode families that answers a command is recognised
+/// as tool output; no user message of the tool-calling families is.
+#[test]
+fn text_mode_tool_output_is_recognised_per_family() {
+    let text = std::fs::read_to_string(traces()).unwrap();
+    let mut seen = std::collections::BTreeMap::<String, (usize, usize)>::new();
+    for line in text.lines() {
+        let record: Value = serde_json::from_str(line).unwrap();
+        let family = record["meta"]["family"].as_str().unwrap().to_owned();
+        let msgs: Vec<Arc<Message>> = record["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Arc::new(Message::from_value(m.clone()).unwrap()))
+            .collect();
+        let entry = seen.entry(family.clone()).or_default();
+        for i in 0..msgs.len() {
+            if msgs[i].role() != Role::User {
+                continue;
+            }
+            let observation = is_observation(&msgs, i);
+            let answers_text_command =
+                i > 0 && msgs[i - 1].role() == Role::Assistant && !msgs[i - 1].makes_calls();
+            entry.0 += usize::from(answers_text_command);
+            entry.1 += usize::from(observation);
+            match family.as_str() {
+                "tau-bench" | "tau2-bench" | "openhands" => {
+                    assert!(!observation, "{family} user message {i} is the user's words")
+                }
+                _ => {}
+            }
+        }
+    }
+    println!("{seen:?}");
+    // mini-swe-agent: every message after a text command is its output.
+    let (answers, observations) = seen["mini-swe-agent"];
+    assert_eq!(observations, answers, "mini-swe-agent");
+    // SWE-agent: the text-mode runs end their observations with the shell prompt.
+    assert!(seen["swe-agent"].1 * 10 >= seen["swe-agent"].0 * 9, "{:?}", seen["swe-agent"]);
+}
