@@ -257,3 +257,72 @@ async fn a_request_clearly_below_the_trigger_is_one_the_engine_leaves_unchanged(
     }
     assert!(quick > 10 && full > 10, "both sides were exercised: {quick} quick, {full} full");
 }
+
+/// A customer-service style session: many short user turns, each with one tool round and
+/// a reply, user messages of 100 to 190 tokens.
+fn many_turns(turns: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": "You are an airline agent."})];
+    for t in 0..turns {
+        m.push(json!({"role": "user", "content": format!("Turn {t}: I prefer a seat by the window. {}", words(30 + (t * 37) % 40, "u"))}));
+        m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{t}"), "type": "function",
+            "function": {"name": "get_reservation", "arguments": format!("{{\"id\":\"R{t}\"}}")}}]}));
+        m.push(json!({"role": "tool", "tool_call_id": format!("call_{t}"), "content": words(300, "r")}));
+        m.push(json!({"role": "assistant", "content": format!("Reservation R{t} is confirmed.")}));
+    }
+    m
+}
+
+fn goal_cfg() -> CompactionConfig {
+    CompactionConfig {
+        user_verbatim_max_tokens: 200,
+        floor_max_ratio: 0.3,
+        digest_max_tokens: 150,
+        artifact_max_tokens: 40,
+        default_reserve_tokens: 500,
+        ..CompactionConfig::default()
+    }
+}
+
+/// Tier 3: once small user messages and digests pass the floor, the oldest turns become
+/// one goal history (its own sections, the user's words past the floor in its human
+/// direction), and later requests forward it byte for byte.
+#[test]
+fn a_goal_batch_is_reused_byte_for_byte() {
+    let msgs = many_turns(60);
+    let engine = Engine::new(goal_cfg());
+    let opts = window(6000);
+    let mut state = SessionState::default();
+    let mut goal: Option<Vec<String>> = None;
+    let (mut reused, mut batches) = (0, 0);
+    for end in (5..=msgs.len()).step_by(2) {
+        let out = run(&engine, &body(&msgs[..end]), &mut state, &ExtractiveSummarizer, &opts);
+        let report = out.report().clone();
+        let forwarded: Vec<String> = match &out {
+            Outcome::Compacted { .. } => {
+                compacted(&out).messages().iter().map(|m| m.raw().to_owned()).collect()
+            }
+            Outcome::Unchanged { .. } => continue,
+        };
+        if report.goal_batches > 0 {
+            batches += 1;
+            let block = &state.blocks[0];
+            let text: Vec<String> = block.messages.iter().map(|m| m.get().to_owned()).collect();
+            let digest = text.last().unwrap();
+            assert!(
+                digest.contains(DIGEST_MARKER) && digest.contains("## Human direction"),
+                "{digest}"
+            );
+            assert!(digest.contains("## Goal arc"), "{digest}");
+            assert_eq!(&forwarded[..text.len()], &text[..], "forwarded as stored");
+            goal = Some(text);
+        } else if let Some(text) = &goal {
+            // Past the floor the fallback may drop small user messages the block kept;
+            // otherwise the block is forwarded as stored.
+            if report.blocks_absorbed == 0 && report.blocks_invalidated == 0 && report.tier != 4 {
+                reused += usize::from(forwarded.get(..text.len()) == Some(&text[..]));
+            }
+        }
+    }
+    assert!(batches >= 1, "a goal batch was made");
+    assert!(reused >= 1, "it was reused on later requests ({reused})");
+}

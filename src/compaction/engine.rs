@@ -314,8 +314,8 @@ impl Engine {
             }
             // Tier 3: while small user messages and digests take more than the floor,
             // the oldest whole turns (user messages included) and every stored block
-            // become one goal history. The last `keep_last_turns` turns and the current
-            // one never take part.
+            // become one goal history. The last `keep_last_turns` turns (the current one
+            // among them) never take part.
             let floor_used: usize = plan
                 .items
                 .iter()
@@ -327,21 +327,28 @@ impl Engine {
                 && plan.total() > budget.target
                 && floor_used > budget.floor
             {
-                let end = turn_tail_start(&units, cfg.keep_last_turns + 1).min(reach);
+                let end = turn_tail_start(&units, cfg.keep_last_turns).min(reach);
                 let blocks_end = blocks.last().map_or(0, |b| b.end);
                 let goal_keeps = keep.guarantee(msgs, &tokens, fixed, &budget).max_tokens;
-                // What the batch takes out of the prompt: the work of its turns and the
-                // user messages past the floor. Like a fold, it must be worth making.
+                // What the batch takes out of the prompt: the work of its turns, the user
+                // messages past the floor and the digests, less the goal history that
+                // replaces them. Like a fold, it must be worth making.
                 let batched = |i: &&Item| {
-                    (blocks_end..end).contains(&i.pos)
+                    i.pos < end
                         && !i.dropped
                         && match i.kind {
-                            Kind::Work => true,
+                            Kind::Work | Kind::Digest => true,
                             Kind::User => goal_keeps.is_none_or(|max| i.tokens > max),
                             _ => false,
                         }
                 };
-                let work: usize = plan.items.iter().filter(batched).map(|i| i.tokens).sum();
+                let work = plan
+                    .items
+                    .iter()
+                    .filter(batched)
+                    .map(|i| i.tokens)
+                    .sum::<usize>()
+                    .saturating_sub(cfg.digest_max_tokens + cfg.artifact_max_tokens);
                 let min_work = (budget.trigger - budget.target) / 2;
                 if end >= blocks_end && work >= min_work.max(1) {
                     let rules = FoldRules {
