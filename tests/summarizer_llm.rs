@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::agent::{ProviderStats, chat_config, chat_request, provider};
+use common::sessions::{Shape, session_requests};
 use common::{MockUpstream, Recorded, response};
 use foldgate::config::{Secret, SummarizerConfig, UpstreamConfig};
 use foldgate::model::Message;
@@ -296,4 +298,88 @@ async fn at_most_max_concurrency_calls_are_in_flight() {
     }
     assert_eq!(m.recorded().len(), 10);
     assert_eq!(peak.load(Ordering::SeqCst), 2, "never more than 2, and 2 in parallel");
+}
+
+/// The previous forwarded request of `window` (the client request during which a
+/// summarizer call arrived): the forward of that request, or of the one before it.
+fn previous_forwards(forwards: &[(usize, Value)], window: usize) -> Vec<&Value> {
+    forwards
+        .iter()
+        .filter(|(w, _)| *w + 1 == window || *w == window)
+        .map(|(_, body)| body)
+        .collect()
+}
+
+/// Through the proxy, with `summarizer.share_prefix` on: every summarizer call of a long
+/// session sends the conversation's previous forwarded request first (the same `tools`,
+/// the same messages, byte for byte once parsed), and the digest instruction last, so the
+/// provider's prompt cache serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_prefix_call_starts_with_the_previous_forwarded_request() {
+    // The client request in flight when each request reached the provider.
+    let current = Arc::new(AtomicUsize::new(0));
+    let events: Arc<std::sync::Mutex<Vec<(usize, bool, Value)>>> = Arc::default();
+    let answer = provider(Arc::new(ProviderStats::default()));
+    let (seen, log) = (current.clone(), events.clone());
+    let mock = MockUpstream::start(Arc::new(move |rec: Recorded| {
+        let summary = rec.headers.contains_key(SUMMARY_HEADER);
+        let body: Value = serde_json::from_slice(&rec.body).unwrap();
+        log.lock().unwrap().push((seen.load(Ordering::SeqCst), summary, body));
+        answer(rec)
+    }))
+    .await;
+    let mut config = chat_config(&mock.url());
+    config.compaction.max_context_tokens = Some(16_000);
+    config.summarizer.share_prefix = Some(true);
+    let proxy = common::Proxy::start(config).await;
+
+    for (session, shape) in [("coding", Shape::CodingAgent), ("tools", Shape::ToolCalling)] {
+        events.lock().unwrap().clear();
+        for (i, request) in session_requests(shape, 7, 40_000).into_iter().enumerate() {
+            current.store(i, Ordering::SeqCst);
+            let (status, _, _) =
+                common::send(chat_request(&proxy, request.body, "Bearer sk-p", session)).await;
+            assert_eq!(status, 200, "{session}: request {i}");
+            // Background folds of this request reach the provider before the next one.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let events = events.lock().unwrap().clone();
+        let forwards: Vec<(usize, Value)> =
+            events.iter().filter(|e| !e.1).map(|(w, _, b)| (*w, b.clone())).collect();
+        let calls: Vec<(usize, Value)> =
+            events.iter().filter(|e| e.1).map(|(w, _, b)| (*w, b.clone())).collect();
+        let mut shared = 0;
+        for (k, (window, call)) in calls.iter().enumerate() {
+            let messages = call["messages"].as_array().unwrap();
+            let (instruction, sent) = messages.split_last().unwrap();
+            assert_eq!(instruction["role"], "user", "{session}: call {k}");
+            let text = instruction["content"].as_str().unwrap();
+            // A region whose last message the previous request cut is rendered instead.
+            if !text.starts_with("Pause the task") {
+                assert!(text.starts_with("Write my memory"), "{session}: call {k}: {text}");
+                continue;
+            }
+            shared += 1;
+            let previous = previous_forwards(&forwards, *window);
+            let starts = previous.iter().any(|f| {
+                let before = f["messages"].as_array().unwrap();
+                f["tools"] == call["tools"]
+                    && sent.len() >= before.len()
+                    && sent[..before.len()] == before[..]
+            });
+            assert!(
+                starts,
+                "{session}: summarizer call {k} (during request {window}, {} messages) does \
+                 not start with the previous forwarded request ({:?} messages)",
+                sent.len(),
+                previous
+                    .iter()
+                    .map(|f| f["messages"].as_array().unwrap().len())
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(call["tool_choice"], "none", "{session}: call {k}");
+        }
+        println!("{session}: {shared} of {} summarizer calls shared the prefix", calls.len());
+        assert!(shared >= 3 && shared * 2 >= calls.len(), "{session}: {shared} shared");
+    }
 }

@@ -191,18 +191,29 @@ impl Engine {
         // The last request's cut, while it still keeps the prompt under the trigger: the
         // prefix stays as it was forwarded.
         let blocks_end = blocks.last().map_or(0, |b| b.end);
+        let mut recut = None;
         if !opts.force && !cut.is_empty() && plan.total() > budget.trigger {
-            let kept = plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)?;
-            if let Some(kept) = kept.filter(|p| p.total() <= budget.trigger) {
-                plan = kept;
-                report.tier = 4;
-                report.cut_reused = true;
+            match plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)? {
+                Some(kept) if kept.total() <= budget.trigger => {
+                    plan = kept;
+                    report.tier = 4;
+                    report.cut_reused = true;
+                }
+                other => recut = other,
             }
         }
 
         if opts.force || plan.total() > budget.trigger {
-            // The conversation as forwarded so far: what a shared-prefix summarizer sends.
-            let forwarded = plan.messages();
+            // The conversation as last forwarded (the stored blocks and cut), with what
+            // the client added since: a shared-prefix summarizer sends it whole, so that
+            // its call starts with the previous forwarded request.
+            let recut = match recut {
+                None if opts.force && !cut.is_empty() => {
+                    plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)?
+                }
+                recut => recut,
+            };
+            let previous = recut.as_ref().unwrap_or(&plan).forwarded();
             // A block summarized ahead of need is applied first: no summarizer call. One
             // that reaches into a protected turn waits for a later request.
             if pending.as_ref().is_some_and(|b| !applies(b, blocks, msgs, &units)) {
@@ -252,7 +263,7 @@ impl Engine {
                         start: blocks_end,
                         end,
                         tools: tools_raw,
-                        forwarded: &forwarded,
+                        forwarded: &previous,
                     };
                     // Digests do not pile up: once the stored ones outgrow one digest's
                     // size, the new digest takes their place and carries what they held.
@@ -364,7 +375,7 @@ impl Engine {
                         start: blocks_end,
                         end,
                         tools: tools_raw,
-                        forwarded: &forwarded,
+                        forwarded: &previous,
                     };
                     match fold_after(blocks, true, region, summarizer, rules).await? {
                         Some(folded) => {

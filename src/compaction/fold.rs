@@ -7,6 +7,7 @@ use serde_json::value::RawValue;
 
 use super::blocks::{FoldBlock, range_hash};
 use super::keep::{Keep, UserClass};
+use super::plan::Forwarded;
 use crate::model::{DIGEST_MARKER, Message, ModelError};
 use crate::summarizer::artifacts::{self, Artifact};
 use crate::summarizer::extractive;
@@ -49,9 +50,9 @@ pub struct Region<'a> {
     pub end: usize,
     /// The request's `tools`, as raw JSON.
     pub tools: Option<&'a str>,
-    /// The conversation as forwarded before this compaction (stored blocks, the last
-    /// cut, the originals after them): the prefix a shared-prefix summarizer sends.
-    pub forwarded: &'a [Arc<Message>],
+    /// The conversation as last forwarded (stored blocks, the last cut) with what the
+    /// client added since: what a shared-prefix summarizer sends.
+    pub forwarded: &'a Forwarded,
 }
 
 /// The messages the stored `blocks` emit, in order.
@@ -85,12 +86,19 @@ pub async fn fold_after(
         (Vec::new(), stored.last().filter(|m| m.is_digest()).map(|m| m.text()))
     };
     input.extend_from_slice(&msgs[start..end]);
-    // The forwarded conversation up to the region's last message: the provider has it
-    // cached (the previous request started with it). When the last request cut that
-    // message, there is no such prefix and the summarizer renders the region instead.
+    // The conversation as last forwarded, whole: the provider has it cached (it is the
+    // previous request, and what the client added since), and the instruction names
+    // where the region ends in it. When the last request cut the region's last message,
+    // the summarizer renders the region instead.
+    let stretch = forwarded.before(end);
     let last = end.checked_sub(1).map(|i| msgs[i].hash());
-    let through = last.and_then(|h| forwarded.iter().rposition(|m| m.hash() == h));
-    let shared = through.map(|i| SharedPrefix { messages: &forwarded[..=i], tools, whole: absorb });
+    let kept = stretch.checked_sub(1).map(|i| forwarded.messages[i].hash());
+    let shared = (last.is_some() && kept == last).then_some(SharedPrefix {
+        messages: &forwarded.messages,
+        end: stretch,
+        tools,
+        whole: absorb,
+    });
     let summary = SummaryInput {
         messages: &input,
         prior_digest: prior.as_deref(),

@@ -165,6 +165,16 @@ impl Plan {
         self.items.iter().filter(|i| !i.dropped).flat_map(|i| i.msgs.iter().cloned()).collect()
     }
 
+    /// The forwarded messages, with the original position each item starts at.
+    pub fn forwarded(&self) -> Forwarded {
+        let mut forwarded = Forwarded::default();
+        for item in self.items.iter().filter(|i| !i.dropped) {
+            forwarded.starts.push((item.pos, forwarded.messages.len()));
+            forwarded.messages.extend(item.msgs.iter().cloned());
+        }
+        forwarded
+    }
+
     /// What this plan cuts of the original units from `from` on (dropped, or with
     /// stubbed results), to be reapplied by [`Plan::apply_cut`].
     pub fn cut_items(
@@ -430,6 +440,24 @@ impl Plan {
                 total -= it.tokens;
             }
         }
+    }
+}
+
+/// The messages a plan forwards, and where among them the items of each original
+/// position start.
+#[derive(Debug, Clone, Default)]
+pub struct Forwarded {
+    /// The messages, in order.
+    pub messages: Vec<Arc<Message>>,
+    /// `(original position, index in messages)` of every forwarded item, in order.
+    starts: Vec<(usize, usize)>,
+}
+
+impl Forwarded {
+    /// How many of the messages come before original message `end` (a unit boundary
+    /// at or after the end of the stored blocks).
+    pub fn before(&self, end: usize) -> usize {
+        self.starts.iter().find(|&&(pos, _)| pos >= end).map_or(self.messages.len(), |&(_, at)| at)
     }
 }
 

@@ -125,9 +125,9 @@ pub struct SummaryInput<'a> {
     pub max_tokens: usize,
     /// What kind of digest to write.
     pub kind: DigestKind,
-    /// The conversation as its provider last saw it, ending with the region: a model
-    /// summarizer that sends these messages first is served them from the provider's
-    /// prompt cache.
+    /// The conversation as its provider last saw it, and where the region ends in it: a
+    /// model summarizer that sends these messages first is served them from the
+    /// provider's prompt cache.
     pub shared: Option<SharedPrefix<'a>>,
 }
 
@@ -142,14 +142,17 @@ pub enum DigestKind {
     GoalBatch,
 }
 
-/// The conversation as forwarded before this compaction (the previous forwarded request
-/// and what the client added since), up to the last message of the region to digest:
-/// a prefix the provider has cached.
+/// The conversation as last forwarded (the previous forwarded request, then what the
+/// client added since), which the provider has cached, and where in it the region to
+/// digest ends.
 #[derive(Debug, Clone, Copy)]
 pub struct SharedPrefix<'a> {
     /// The messages, in order: stored blocks' messages, then the originals (as cut by
-    /// the last request, if it was), ending with the region's last message.
+    /// the last request, if it was).
     pub messages: &'a [Arc<Message>],
+    /// The region ends before `messages[end]`: the messages from there on stay in the
+    /// context as they are (`messages.len()`: the region runs to the end).
+    pub end: usize,
     /// The request's `tools`, as raw JSON.
     pub tools: Option<&'a str>,
     /// The digest replaces the whole conversation above, earlier digests included (not

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use crate::model::{DIGEST_MARKER, Message, Role, call_parts, is_observation};
-use crate::summarizer::{DigestKind, SummaryInput};
+use crate::summarizer::{DigestKind, SharedPrefix, SummaryInput};
 
 /// Characters per token assumed when sizing the prompt.
 pub const CHARS_PER_TOKEN: usize = 4;
@@ -88,11 +88,12 @@ fn format_rules(kind: DigestKind, max_tokens: usize) -> String {
 }
 
 /// The last message of a shared-prefix call: the conversation above is the provider's
-/// cached prefix, and this asks for the digest of its end (a fold: after the last digest;
-/// a goal batch: all of it).
+/// cached prefix, and this asks for the digest of a stretch of it (a fold: from after the
+/// last digest; a goal batch: from its beginning) up to where the region ends, before the
+/// messages that stay in the context.
 pub fn shared_instruction(input: &SummaryInput<'_>) -> String {
     let whole = input.shared.is_some_and(|s| s.whole);
-    let end = " to its end";
+    let end = input.shared.map_or_else(|| " to its end".to_owned(), |s| stretch_end(&s));
     let stretch = match input.kind {
         DigestKind::Fold if whole => format!(
             "Write my memory of the conversation above, from its beginning{end}, my earlier \
@@ -117,6 +118,45 @@ pub fn shared_instruction(input: &SummaryInput<'_>) -> String {
         format_rules(input.kind, input.max_tokens)
     )
 }
+
+/// Where the stretch to digest ends in a shared prefix: at its end, or before its last
+/// messages, named by their number and the start of the first of them.
+fn stretch_end(shared: &SharedPrefix<'_>) -> String {
+    let Some(first) = shared.messages.get(shared.end) else {
+        return " to its end".to_owned();
+    };
+    let after = shared.messages.len() - shared.end;
+    let (count, stay, first_of) = match after {
+        1 => ("message".to_owned(), "stays in my context as it is", "it"),
+        n => (format!("{n} messages"), "stay in my context as they are", "the first of them"),
+    };
+    let whose = match first.role() {
+        Role::User if is_observation(shared.messages, shared.end) => "a command's output",
+        Role::User => "a message of the user",
+        Role::Assistant => "one of mine",
+        Role::Tool | Role::Function => "a tool result",
+        Role::System | Role::Developer | Role::Other => "a message",
+    };
+    let text = first.text();
+    let mut opening: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if opening.is_empty() {
+        opening = first
+            .tool_calls()
+            .iter()
+            .chain(first.function_call())
+            .map(|c| format!("{}(", call_parts(c).1))
+            .next()
+            .unwrap_or_default();
+    }
+    let opening: String = opening.chars().take(OPENING_CHARS).collect();
+    format!(
+        " up to, and not including, its last {count}, which {stay} ({first_of}, {whose}, \
+         begins `{opening}`)"
+    )
+}
+
+/// Characters of a message quoted to name where a stretch ends.
+const OPENING_CHARS: usize = 80;
 
 /// One piece of the rendered prompt: fixed framing, or text that may be cut.
 enum Part {
@@ -417,6 +457,31 @@ mod tests {
         assert!(cut_middle("short", 200).is_none());
         // Cutting a few characters would add a longer marker: left as it is.
         assert!(cut_middle(&"z".repeat(210), 200).is_none());
+    }
+
+    #[test]
+    fn a_shared_instruction_names_where_the_stretch_ends() {
+        let m = msgs(json!([
+            {"role": "user", "content": "Fix the build."},
+            {"role": "assistant", "content": "I fixed it."},
+            {"role": "user", "content": "Now   run\nthe tests, and never push."},
+            {"role": "assistant", "content": "Running."}
+        ]));
+        let shared = |end| SharedPrefix { messages: &m, end, tools: None, whole: false };
+        let ask = |end| SummaryInput { shared: Some(shared(end)), ..input(&m, None) };
+        let before = shared_instruction(&ask(2));
+        assert!(
+            before.contains(
+                "up to, and not including, its last 2 messages, which stay in my context as \
+                 they are (the first of them, a message of the user, begins `Now run the \
+                 tests, and never push.`)"
+            ),
+            "{before}"
+        );
+        let one = shared_instruction(&ask(3));
+        assert!(one.contains("its last message, which stays in my context as it is (it, one of mine, begins `Running.`)"), "{one}");
+        let all = shared_instruction(&ask(4));
+        assert!(all.contains("(from its beginning when there is none) to its end:"), "{all}");
     }
 
     #[test]
