@@ -326,3 +326,27 @@ fn a_goal_batch_is_reused_byte_for_byte() {
     assert!(batches >= 1, "a goal batch was made");
     assert!(reused >= 1, "it was reused on later requests ({reused})");
 }
+
+/// A prompt over the trigger that is all one current turn which fits: no tier may touch
+/// it, so it is forwarded unchanged, and the report says no tier was applied (not tier 4,
+/// as if the fallback had cut something).
+#[test]
+fn a_current_turn_the_fallback_cannot_cut_is_not_reported_as_tier_4() {
+    let engine = Engine::new(CompactionConfig::default());
+    let msgs = live_turn(10, 300);
+    let out = run(
+        &engine,
+        &body(&msgs),
+        &mut SessionState::default(),
+        &ExtractiveSummarizer,
+        &window(12_000),
+    );
+    let report = out.report();
+    let budget = &report.budget;
+    assert!(
+        report.tokens_before > budget.trigger && report.tokens_before <= budget.budget,
+        "between the trigger and the budget: {report:?}"
+    );
+    assert!(matches!(out, Outcome::Unchanged { .. }), "{report:?}");
+    assert_eq!((report.tier, report.dropped, report.elided), (0, 0, 0), "{report:?}");
+}

@@ -417,8 +417,11 @@ impl Engine {
                     small_max: cfg.user_verbatim_max_tokens,
                     min_tokens: cfg.elide_min_tokens,
                 };
-                plan.fallback(goals, protect, &mut counter)?;
-                report.tier = 4;
+                // Tier 4 only when it cut something: a prompt over target that it cannot
+                // cut (all of it a current turn that fits) is forwarded as it was.
+                if plan.fallback(goals, protect, &mut counter)? {
+                    report.tier = 4;
+                }
             }
         }
 

@@ -347,13 +347,15 @@ impl Plan {
     /// 6. steps 3 and 4 without protection (`limit`), which only a turn that was
     ///    wrongly judged to fit can reach.
     ///
-    /// Each step is one pass over the items: linear in their number.
+    /// Each step is one pass over the items: linear in their number. Returns whether
+    /// anything was stubbed or dropped.
     pub fn fallback(
         &mut self,
         goals: Goals,
         protect: Option<usize>,
         counter: &mut Counter<'_>,
-    ) -> Result<(), ModelError> {
+    ) -> Result<bool, ModelError> {
+        let before = self.cuts();
         let Goals { target, limit, floor, small_max, min_tokens } = goals;
         let n = self.items.len();
         let last_user =
@@ -383,7 +385,13 @@ impl Plan {
         self.drop_largest_first(limit, 0, |it| matches!(it.kind, Kind::User | Kind::Task));
         // The protected turn is cut only should the prompt still not fit without it.
         cut_turn(self, counter, false)?;
-        Ok(())
+        Ok(self.cuts() != before)
+    }
+
+    /// Items dropped and messages elided so far (the fallback only ever adds to both).
+    fn cuts(&self) -> (usize, usize) {
+        let dropped = self.items.iter().filter(|i| i.dropped).count();
+        (dropped, self.items.iter().map(|i| i.elided).sum())
     }
 
     /// This plan cut by the fallback to `goals.limit`, if that keeps every user message,
