@@ -2,8 +2,10 @@
 //! What long sessions cost with foldgate, priced the way providers bill (cached prefix
 //! x0.1): the dev traces replayed at 16k and 32k windows with `max_tokens` 1000 and the
 //! model summarizer (real HTTP to a mock that answers digests of about 900 tokens) must
-//! cost at most 0.88x sending every conversation whole, without a violation; text-mode
-//! tool output is recognised as such on every trace family.
+//! cost at most 0.88x sending every conversation whole, without a violation, keeping
+//! every small user message of the tau sessions verbatim, and with few mini-swe-agent
+//! requests left to the fallback; text-mode tool output is recognised as such on every
+//! trace family.
 
 mod common;
 
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{MockUpstream, Recorded, response};
-use foldgate::commands::replay::{ReplayOptions, replay_file};
+use foldgate::commands::replay::{self, ReplayOptions, ReplayStats, replay_file};
 use foldgate::compaction::{Engine, Options};
 use foldgate::config::SummarizerKind;
 use foldgate::model::{Message, Role, is_observation};
@@ -71,9 +73,35 @@ async fn dev_traces_cost_less_than_no_compaction_at_16k_and_32k() {
         };
         let (convs, total) = replay_file(&traces(), &engine, &summarizer, &opts).await.unwrap();
         let (cost, whole) = (total.cost(0.1), total.cost_whole(0.1));
-        println!("{window}: {}", foldgate::commands::replay::cost_line(&total, 0.1));
+        println!("{window}: {}", replay::cost_line(&total, 0.1));
+        println!("{}", replay::family_table(&convs, &total, 0.1));
         assert_eq!(convs.len(), 184);
         assert_eq!(total.violation_count(), 0, "first: {:?}", total.first_violation);
+        // The late user constraints of the tau sessions are kept: every small message of
+        // the user's own words of every request is in its forwarded request, verbatim.
+        let families = ReplayStats::by_family(&convs);
+        for family in ["tau-bench", "tau2-bench"] {
+            let stats = &families[family];
+            assert!(stats.requests > 500, "{window}: {family} replayed: {stats:?}");
+            assert_eq!(
+                stats.user_words_lost,
+                0,
+                "{window}: {family}: {} small user messages lost in {} requests; first: {:?}",
+                stats.user_words_lost,
+                stats.requests_losing_user_words,
+                stats.first_user_words_lost
+            );
+        }
+        // Its command outputs folded like tool results, mini-swe-agent (text mode) is
+        // compacted by folds: the fallback serves few of its compacted requests.
+        let mini = &families["mini-swe-agent"];
+        let fallback = mini.tiers.get(&4).copied().unwrap_or(0);
+        assert!(mini.compacted > 300, "{window}: mini-swe-agent compacted: {mini:?}");
+        assert!(
+            fallback * 4 <= mini.compacted,
+            "{window}: tier 4 served {fallback} of mini-swe-agent's {} compacted requests",
+            mini.compacted
+        );
         assert!(
             cost <= 0.88 * whole,
             "{window}: {cost:.0} against {whole:.0} ({:.3}x)",

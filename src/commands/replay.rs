@@ -19,7 +19,7 @@ use crate::cli::ReplayArgs;
 use crate::compaction::check::verify;
 use crate::compaction::tokens::{Counter, Encoding, REPLY_PRIMING};
 use crate::compaction::{Budget, Engine, Options, Outcome, SessionState, TokenCache};
-use crate::model::{ChatRequest, Message, ModelError, Role};
+use crate::model::{ChatRequest, Message, ModelError, Role, is_user_words};
 use crate::summarizer::llm::LlmSummarizer;
 use crate::summarizer::{
     ExtractiveSummarizer, ModelPrompt, Summarizer, SummarizerError, SummaryInput,
@@ -57,8 +57,12 @@ pub enum ReplayError {
 /// Results of one conversation (or, summed, of all).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayStats {
-    /// Conversation id (`total` for the sum).
+    /// Conversation id (`total` for the sum, the family for a family's sum).
     pub id: String,
+    /// The trace family of the conversation (the record's `meta.family`), if any.
+    pub family: String,
+    /// Conversations replayed (1 for one conversation).
+    pub conversations: usize,
     /// Requests sent (one per assistant reply).
     pub requests: usize,
     /// Requests the engine changed.
@@ -89,6 +93,15 @@ pub struct ReplayStats {
     pub summarizer_calls: usize,
     /// Their input tokens, by how the provider bills them.
     pub summarizer: Charge,
+    /// Small user messages (the user's own words, at most `user_verbatim_max_tokens`)
+    /// of a request that its forwarded request does not hold verbatim and in order,
+    /// summed over requests: an observation, not a violation (guarantee 2 covers them
+    /// only within the floor).
+    pub user_words_lost: usize,
+    /// Requests that lost at least one of them.
+    pub requests_losing_user_words: usize,
+    /// The first such loss, for diagnosis.
+    pub first_user_words_lost: Option<String>,
 }
 
 impl ReplayStats {
@@ -118,6 +131,7 @@ impl ReplayStats {
     }
 
     fn add(&mut self, o: &Self) {
+        self.conversations += o.conversations;
         self.requests += o.requests;
         self.compacted += o.compacted;
         self.peak_before = self.peak_before.max(o.peak_before);
@@ -139,6 +153,28 @@ impl ReplayStats {
         self.prefix_repeats += o.prefix_repeats;
         self.summarizer_calls += o.summarizer_calls;
         self.summarizer.add(o.summarizer);
+        self.user_words_lost += o.user_words_lost;
+        self.requests_losing_user_words += o.requests_losing_user_words;
+        if self.first_user_words_lost.is_none() {
+            self.first_user_words_lost =
+                o.first_user_words_lost.as_ref().map(|v| format!("{}: {v}", o.id));
+        }
+    }
+
+    /// The sums of `all` per family, in the families' name order.
+    pub fn by_family(all: &[Self]) -> BTreeMap<String, Self> {
+        let mut out = BTreeMap::<String, Self>::new();
+        for s in all {
+            let family = if s.family.is_empty() { "unknown" } else { s.family.as_str() };
+            out.entry(family.to_owned())
+                .or_insert_with(|| Self {
+                    id: family.to_owned(),
+                    family: family.to_owned(),
+                    ..Self::default()
+                })
+                .add(s);
+        }
+        out
     }
 }
 
@@ -146,6 +182,8 @@ impl ReplayStats {
 pub struct Conversation {
     /// Its id (or its line number).
     pub id: String,
+    /// Its trace family (`meta.family`), empty when not recorded.
+    pub family: String,
     /// Top-level request fields: `model` and, if recorded, `tools`.
     pub fields: Map<String, Value>,
     /// The messages.
@@ -153,7 +191,7 @@ pub struct Conversation {
 }
 
 impl Conversation {
-    /// Reads one record: `messages`, optional `tools`, `model`, `id`.
+    /// Reads one record: `messages`, optional `tools`, `model`, `id`, `meta.family`.
     pub fn from_record(
         record: &Value,
         line: usize,
@@ -181,7 +219,9 @@ impl Conversation {
             .get("id")
             .and_then(Value::as_str)
             .map_or_else(|| format!("line-{line}"), str::to_owned);
-        Ok(Self { id, fields, messages })
+        let family =
+            record.pointer("/meta/family").and_then(Value::as_str).unwrap_or_default().to_owned();
+        Ok(Self { id, family, fields, messages })
     }
 }
 
@@ -234,7 +274,12 @@ pub async fn replay_conversation(
     summarizer: &dyn Summarizer,
     opts: &Options,
 ) -> Result<ReplayStats, ReplayError> {
-    let mut stats = ReplayStats { id: conv.id.clone(), ..ReplayStats::default() };
+    let mut stats = ReplayStats {
+        id: conv.id.clone(),
+        family: conv.family.clone(),
+        conversations: 1,
+        ..ReplayStats::default()
+    };
     let mut state = SessionState::default();
     let engine_err = |source| ReplayError::Engine { id: conv.id.clone(), source };
     let metered = Metered { inner: summarizer, prompts: Mutex::new(Vec::new()) };
@@ -291,8 +336,43 @@ pub async fn replay_conversation(
                     Some(format!("request {i}: check {}: {}", v.check, v.detail));
             }
         }
+        let mut counter = Counter { encoding, cache: &mut state.token_cache };
+        let small = engine.config().user_verbatim_max_tokens;
+        let lost = user_words_lost(request.messages(), forwarded.messages(), small, &mut counter);
+        if let Some(&first) = lost.first() {
+            stats.user_words_lost += lost.len();
+            stats.requests_losing_user_words += 1;
+            if stats.first_user_words_lost.is_none() {
+                stats.first_user_words_lost =
+                    Some(format!("request {i}: user message {first} not forwarded verbatim"));
+            }
+        }
     }
     Ok(stats)
+}
+
+/// The indices of the user's own small messages of `original` (at most `max_tokens`
+/// tokens, neither digests nor text-mode tool output) that `forwarded` does not hold
+/// verbatim, in order.
+fn user_words_lost(
+    original: &[Arc<Message>],
+    forwarded: &[Arc<Message>],
+    max_tokens: usize,
+    counter: &mut Counter<'_>,
+) -> Vec<usize> {
+    let mut lost = Vec::new();
+    let mut from = 0;
+    for (i, m) in original.iter().enumerate() {
+        if !is_user_words(original, i) || counter.message(m) > max_tokens {
+            continue;
+        }
+        let same = |f: &Arc<Message>| f.hash() == m.hash() && f.raw() == m.raw();
+        match forwarded[from..].iter().position(same) {
+            Some(at) => from += at + 1,
+            None => lost.push(i),
+        }
+    }
+    lost
 }
 
 /// Replays every conversation of a JSON Lines file; returns per-conversation stats and
@@ -354,6 +434,51 @@ fn line(s: &ReplayStats) -> String {
         tiers.join(" "),
         if viol.is_empty() { "0".to_owned() } else { viol.join(" ") }
     )
+}
+
+/// One family's line: its conversations, requests, requests by tier, cost against no
+/// compaction, prefix repeats, summarizer calls and small user messages lost.
+fn family_line(s: &ReplayStats, price: f64) -> String {
+    let tiers: Vec<String> = s.tiers.iter().map(|(t, n)| format!("t{t}:{n}")).collect();
+    let (cost, whole) = (s.cost(price), s.cost_whole(price));
+    format!(
+        "{:<16} {:>5} {:>6} {:>6}  {:<34} {:>8.2}M {:>8.2}M {:>6.3}x {:>7.1}% {:>6} {:>6}",
+        s.id,
+        s.conversations,
+        s.requests,
+        s.compacted,
+        tiers.join(" "),
+        cost / 1e6,
+        whole / 1e6,
+        if whole > 0.0 { cost / whole } else { 1.0 },
+        100.0 * s.prefix_repeats as f64 / s.requests.max(1) as f64,
+        s.summarizer_calls,
+        s.user_words_lost,
+    )
+}
+
+/// The per-family table: [`family_line`] under a header, then the total.
+pub fn family_table(all: &[ReplayStats], total: &ReplayStats, price: f64) -> String {
+    let mut out = format!(
+        "{:<16} {:>5} {:>6} {:>6}  {:<34} {:>9} {:>9} {:>7} {:>8} {:>6} {:>6}\n",
+        "family",
+        "convs",
+        "reqs",
+        "comp",
+        "requests by tier",
+        "cost",
+        "whole",
+        "ratio",
+        "repeats",
+        "calls",
+        "lost"
+    );
+    for s in ReplayStats::by_family(all).values() {
+        out.push_str(&family_line(s, price));
+        out.push('\n');
+    }
+    out.push_str(&family_line(total, price));
+    out
 }
 
 /// The cost summary: the replay's cost against sending every request whole, the share
@@ -429,8 +554,20 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     };
     let price = args.cached_price;
     if args.json {
+        let families: BTreeMap<String, Value> = ReplayStats::by_family(&all)
+            .into_iter()
+            .map(|(family, s)| {
+                let priced = serde_json::json!({
+                    "stats": s,
+                    "cost": s.cost(price),
+                    "cost_no_compaction": s.cost_whole(price),
+                });
+                (family, priced)
+            })
+            .collect();
         let out = serde_json::json!({
             "conversations": all,
+            "families": families,
             "total": total,
             "ratio": total.ratio(),
             "cached_price": price,
@@ -469,8 +606,22 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
             total.folds
         );
         println!("{}", cost_line(&total, price));
+        println!(
+            "small user messages (the user's own words) not forwarded verbatim: {} in {} \
+             requests",
+            total.user_words_lost, total.requests_losing_user_words
+        );
+        println!(
+            "\nper family (cost in token-equivalents, cached prefix x{price}; whole: no \
+             compaction; repeats: requests whose prefix repeats the previous one; calls: \
+             summarizer calls; lost: small user messages not forwarded verbatim):"
+        );
+        println!("{}", family_table(&all, &total, price));
         if let Some(v) = &total.first_violation {
             println!("first violation: {v}");
+        }
+        if let Some(v) = &total.first_user_words_lost {
+            println!("first small user message lost: {v}");
         }
     }
     if total.violation_count() > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
