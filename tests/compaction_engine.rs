@@ -327,6 +327,88 @@ fn a_goal_batch_is_reused_byte_for_byte() {
     assert!(reused >= 1, "it was reused on later requests ({reused})");
 }
 
+/// A text-mode session (mini-swe-agent: every command's output arrives as a `user`
+/// message) replayed through the engine at a 16k window, one request per assistant
+/// message: the outputs are recognised as tool output and folded, so the fallback
+/// (tier 4) serves few of the compacted requests. Taken for the user's words, the small
+/// outputs would fill the verbatim floor and the fallback would serve most of them.
+#[test]
+fn a_text_mode_session_rarely_falls_back_to_tier_4() {
+    let msgs = sessions::text_mode_session(5, 60_000);
+    let engine = Engine::new(CompactionConfig::default());
+    let opts = window(16_000);
+    let mut state = SessionState::default();
+    let mut tiers = std::collections::BTreeMap::<u8, usize>::new();
+    let mut compacted = 0;
+    for end in (2..msgs.len()).filter(|&i| msgs[i]["role"] == "assistant") {
+        let out = run(&engine, &body(&msgs[..end]), &mut state, &ExtractiveSummarizer, &opts);
+        if matches!(out, Outcome::Compacted { .. }) {
+            compacted += 1;
+            *tiers.entry(out.report().tier).or_default() += 1;
+        }
+    }
+    println!("{compacted} compacted requests by tier: {tiers:?}");
+    let fallback = tiers.get(&4).copied().unwrap_or(0);
+    assert!(compacted >= 40, "the session was compacted: {compacted} requests ({tiers:?})");
+    assert!(
+        fallback * 5 <= compacted,
+        "tier 4 served {fallback} of {compacted} compacted requests: {tiers:?}"
+    );
+}
+
+/// A growing customer-service session (short user turns, one tool round each) that
+/// stays in tier 4: with every turn and every tool group kept from folding, only the
+/// fallback can make room. Its cut goes down to the target and is reapplied while the
+/// prompt stays under the trigger, so the forwarded prefix (what the previous request
+/// forwarded) is unchanged on most requests and changes only where a new cut is made.
+/// Cut only to the trigger, or made afresh on every request, it changes on most.
+#[test]
+fn tier_4_cuts_keep_the_prefix_stable_between_drops() {
+    let config = CompactionConfig {
+        keep_last_turns: 10_000,
+        keep_last_tool_groups: 10_000,
+        ..CompactionConfig::default()
+    };
+    let engine = Engine::new(config);
+    let opts = window(16_000);
+    let mut state = SessionState::default();
+    let mut previous: Option<Vec<String>> = None;
+    let (mut fallback, mut breaks, mut cuts) = (0, 0, 0);
+    let msgs = many_turns(150);
+    for end in (2..msgs.len()).filter(|&i| msgs[i]["role"] == "assistant") {
+        let body = body(&msgs[..end]);
+        let out = run(&engine, &body, &mut state, &ExtractiveSummarizer, &opts);
+        let report = out.report().clone();
+        let forwarded: Vec<String> = match &out {
+            Outcome::Compacted { request, .. } => {
+                request.messages().iter().map(|m| m.raw().to_owned()).collect()
+            }
+            Outcome::Unchanged { .. } => ChatRequest::parse(&body)
+                .unwrap()
+                .messages()
+                .iter()
+                .map(|m| m.raw().to_owned())
+                .collect(),
+        };
+        let in_tier_4 = report.tier == 4;
+        let kept_prefix = previous.as_ref().is_some_and(|p| forwarded.starts_with(p));
+        if in_tier_4 && previous.is_some() {
+            fallback += 1;
+            cuts += usize::from(!report.cut_reused);
+            if !kept_prefix {
+                breaks += 1;
+                assert!(!report.cut_reused, "the prefix changed without a new cut: {report:?}");
+            }
+        }
+        previous = in_tier_4.then_some(forwarded);
+    }
+    println!(
+        "{fallback} requests in tier 4 after one in tier 4: {cuts} new cuts, {breaks} prefix changes"
+    );
+    assert!(fallback >= 30, "the session stayed in tier 4: {fallback} requests");
+    assert!(breaks * 5 <= fallback, "the prefix changed on {breaks} of {fallback} requests");
+}
+
 /// A prompt over the trigger that is all one current turn which fits: no tier may touch
 /// it, so it is forwarded unchanged, and the report says no tier was applied (not tier 4,
 /// as if the fallback had cut something).

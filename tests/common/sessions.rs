@@ -193,3 +193,32 @@ pub fn session_requests(shape: Shape, seed: u64, total_tokens: usize) -> Vec<Ses
         })
         .collect()
 }
+
+/// A text-mode agent session as mini-swe-agent sends it, of about `total_tokens` tokens
+/// (estimated as words): a system prompt, a task statement of about 1,200 tokens, then
+/// steps of an assistant message (a thought and one command in a `bash` block, no tool
+/// calls) answered by a `user` message holding the command's output
+/// (`<returncode>…</returncode><output>…</output>`), most of them small (20 to 400
+/// tokens), one in five larger (600 to 1,500). No other user message.
+pub fn text_mode_session(seed: u64, total_tokens: usize) -> Vec<Value> {
+    let mut rng = Rng::new(seed);
+    let task = words(&mut rng, 1_200, "<pr_description>\nConsider the following PR description:");
+    let mut msgs = vec![
+        json!({"role": "system", "content": "You are a helpful assistant that can interact multiple times with a computer shell to solve programming tasks. Your response must contain exactly ONE bash code block with ONE command."}),
+        json!({"role": "user", "content": format!("{task}\n</pr_description>")}),
+    ];
+    let mut tokens = 1_250;
+    let mut step = 0;
+    while tokens < total_tokens {
+        let n = rng.range(20, 60);
+        let thought = words(&mut rng, n, &format!("THOUGHT: step {step}, I look at"));
+        let command = format!("grep -n parser_{step} src/module_{step}.py | head -50");
+        msgs.push(json!({"role": "assistant", "content": format!("{thought}\n\n```bash\n{command}\n```")}));
+        let n = if step % 5 == 4 { rng.range(600, 1_500) } else { rng.range(20, 400) };
+        let output = words(&mut rng, n, &format!("module_{step}.py:"));
+        msgs.push(json!({"role": "user", "content": format!("<returncode>{}</returncode>\n<output>\n{output}\n</output>", step % 2)}));
+        tokens += n + 60 + 12;
+        step += 1;
+    }
+    msgs
+}
