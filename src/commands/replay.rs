@@ -436,17 +436,22 @@ fn line(s: &ReplayStats) -> String {
     )
 }
 
-/// One family's line: its conversations, requests, requests by tier, cost against no
-/// compaction, prefix repeats, summarizer calls and small user messages lost.
+/// One family's line: its conversations, requests (compacted), peak prompt in and out,
+/// share of prompt tokens sent, requests by tier, cost against no compaction, prefix
+/// repeats, summarizer calls and small user messages lost.
 fn family_line(s: &ReplayStats, price: f64) -> String {
     let tiers: Vec<String> = s.tiers.iter().map(|(t, n)| format!("t{t}:{n}")).collect();
     let (cost, whole) = (s.cost(price), s.cost_whole(price));
     format!(
-        "{:<16} {:>5} {:>6} {:>6}  {:<34} {:>8.2}M {:>8.2}M {:>6.3}x {:>7.1}% {:>6} {:>6}",
+        "{:<16} {:>5} {:>6} {:>6} {:>8} {:>8} {:>6.1}%  {:<30} {:>7.2}M {:>7.2}M {:>6.3}x \
+         {:>7.1}% {:>6} {:>5}",
         s.id,
         s.conversations,
         s.requests,
         s.compacted,
+        s.peak_before,
+        s.peak_after,
+        s.ratio() * 100.0,
         tiers.join(" "),
         cost / 1e6,
         whole / 1e6,
@@ -460,11 +465,14 @@ fn family_line(s: &ReplayStats, price: f64) -> String {
 /// The per-family table: [`family_line`] under a header, then the total.
 pub fn family_table(all: &[ReplayStats], total: &ReplayStats, price: f64) -> String {
     let mut out = format!(
-        "{:<16} {:>5} {:>6} {:>6}  {:<34} {:>9} {:>9} {:>7} {:>8} {:>6} {:>6}\n",
+        "{:<16} {:>5} {:>6} {:>6} {:>8} {:>8} {:>7}  {:<30} {:>8} {:>8} {:>7} {:>8} {:>6} {:>5}\n",
         "family",
         "convs",
         "reqs",
         "comp",
+        "peak_in",
+        "peak_out",
+        "sent",
         "requests by tier",
         "cost",
         "whole",
