@@ -363,14 +363,7 @@ impl ChatRequest {
             write_json_string(&mut out, k);
             out.push(b':');
             if k == "messages" {
-                out.push(b'[');
-                for (j, m) in self.messages.iter().enumerate() {
-                    if j > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(m.raw().as_bytes());
-                }
-                out.push(b']');
+                write_messages(&mut out, &self.messages);
             } else {
                 out.extend_from_slice(v.get().as_bytes());
             }
@@ -378,6 +371,18 @@ impl ChatRequest {
         out.push(b'}');
         out
     }
+}
+
+/// Appends `messages` to `out` as a JSON array of their exact text.
+pub fn write_messages(out: &mut Vec<u8>, messages: &[Arc<Message>]) {
+    out.push(b'[');
+    for (j, m) in messages.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(m.raw().as_bytes());
+    }
+    out.push(b']');
 }
 
 fn write_json_string(out: &mut Vec<u8>, s: &str) {

@@ -13,7 +13,7 @@ use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::units::{Unit, group_tail_start, turn_tail_start, units};
 use crate::config::CompactionConfig;
-use crate::model::{ChatRequest, Message};
+use crate::model::{ChatRequest, Message, ModelError};
 use crate::outline::Outline;
 use crate::summarizer::{DigestKind, Summarizer};
 
@@ -187,7 +187,8 @@ impl Engine {
         blocks.truncate(blocks.iter().take_while(|b| b.end <= reach).count());
         report.blocks_reused = blocks.len();
         report.blocks_invalidated += matching - blocks.len();
-        let mut plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
+        let src = Sources { msgs, units: &units, tokens: &tokens, fixed, keep: &keep };
+        let mut plan = src.plan(blocks, &mut counter)?;
         // The last request's cut, while it still keeps the prompt under the trigger: the
         // prefix stays as it was forwarded.
         let blocks_end = blocks.last().map_or(0, |b| b.end);
@@ -225,7 +226,7 @@ impl Engine {
                     report.blocks_absorbed += blocks.len();
                 }
                 add_block(blocks, block);
-                plan = Plan::build(blocks, msgs, &units, &tokens, fixed, &keep, &mut counter)?;
+                plan = src.plan(blocks, &mut counter)?;
                 report.used_prefetched = true;
                 report.blocks_new += 1;
                 report.tier = 2;
@@ -302,18 +303,8 @@ impl Engine {
                     };
                     match folded.flatten() {
                         Some(folded) => {
-                            let built = self.with_block(
-                                blocks,
-                                folded,
-                                &plan,
-                                msgs,
-                                &units,
-                                &tokens,
-                                fixed,
-                                &keep,
-                                &mut counter,
-                                &mut report,
-                            )?;
+                            let built =
+                                with_block(blocks, folded, &plan, &src, &mut counter, &mut report)?;
                             if let Some(built) = built {
                                 plan = built;
                                 report.tier = 2;
@@ -379,18 +370,8 @@ impl Engine {
                     };
                     match fold_after(blocks, true, region, summarizer, rules).await? {
                         Some(folded) => {
-                            let built = self.with_block(
-                                blocks,
-                                folded,
-                                &plan,
-                                msgs,
-                                &units,
-                                &tokens,
-                                fixed,
-                                &keep,
-                                &mut counter,
-                                &mut report,
-                            )?;
+                            let built =
+                                with_block(blocks, folded, &plan, &src, &mut counter, &mut report)?;
                             if let Some(built) = built {
                                 plan = built;
                                 report.tier = 3;
@@ -494,41 +475,6 @@ impl Engine {
         Ok(state.pending.is_some())
     }
 
-    /// The plan with `folded`'s block added to `blocks` (in place of the blocks it
-    /// absorbed), or `None`, leaving `blocks` as they were, when the block would not make
-    /// the prompt smaller than `plan`.
-    #[allow(clippy::too_many_arguments)]
-    fn with_block(
-        &self,
-        blocks: &mut Vec<FoldBlock>,
-        folded: Folded,
-        plan: &Plan,
-        msgs: &[Arc<Message>],
-        units: &[Unit],
-        tokens: &[usize],
-        fixed: usize,
-        keep: &Keep,
-        counter: &mut Counter<'_>,
-        report: &mut Report,
-    ) -> Result<Option<Plan>, CompactionError> {
-        let saved = blocks.clone();
-        add_block(blocks, folded.block.clone());
-        let built = Plan::build(blocks, msgs, units, tokens, fixed, keep, counter)?;
-        if built.total() >= plan.total() {
-            *blocks = saved;
-            report.folds_rejected += 1;
-            return Ok(None);
-        }
-        if folded.block.start == 0 {
-            report.blocks_absorbed += saved.len();
-        }
-        report.summarizer = Some(folded.block.summarizer.clone());
-        report.summarizer_error = folded.error;
-        report.artifact_recall = folded.block.artifact_recall;
-        report.blocks_new += 1;
-        Ok(Some(built))
-    }
-
     /// Where the new fold ends: the turn tail, or deeper inside a live turn when folding
     /// up to the turn tail would predictably still miss the target.
     #[allow(clippy::too_many_arguments)]
@@ -561,4 +507,49 @@ impl Engine {
 
 fn same_messages(a: &[Arc<Message>], b: &[Arc<Message>]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.hash() == y.hash() && x.raw() == y.raw())
+}
+
+/// What every plan of one request is built from.
+struct Sources<'a> {
+    msgs: &'a [Arc<Message>],
+    units: &'a [Unit],
+    tokens: &'a [usize],
+    fixed: usize,
+    keep: &'a Keep,
+}
+
+impl Sources<'_> {
+    /// The plan of `blocks` followed by the originals after them.
+    fn plan(&self, blocks: &[FoldBlock], counter: &mut Counter<'_>) -> Result<Plan, ModelError> {
+        Plan::build(blocks, self.msgs, self.units, self.tokens, self.fixed, self.keep, counter)
+    }
+}
+
+/// The plan with `folded`'s block added to `blocks` (in place of the blocks it absorbed),
+/// or `None`, leaving `blocks` as they were, when the block would not make the prompt
+/// smaller than `plan`.
+fn with_block(
+    blocks: &mut Vec<FoldBlock>,
+    folded: Folded,
+    plan: &Plan,
+    src: &Sources<'_>,
+    counter: &mut Counter<'_>,
+    report: &mut Report,
+) -> Result<Option<Plan>, CompactionError> {
+    let saved = blocks.clone();
+    add_block(blocks, folded.block.clone());
+    let built = src.plan(blocks, counter)?;
+    if built.total() >= plan.total() {
+        *blocks = saved;
+        report.folds_rejected += 1;
+        return Ok(None);
+    }
+    if folded.block.start == 0 {
+        report.blocks_absorbed += saved.len();
+    }
+    report.summarizer = Some(folded.block.summarizer.clone());
+    report.summarizer_error = folded.error;
+    report.artifact_recall = folded.block.artifact_recall;
+    report.blocks_new += 1;
+    Ok(Some(built))
 }

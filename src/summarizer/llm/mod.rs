@@ -36,7 +36,7 @@ pub use stats::LlmStats;
 
 use super::{FailureReason, ModelPrompt, Summarizer, SummarizerError, SummaryInput};
 use crate::config::{SummarizerConfig, UpstreamConfig};
-use crate::model::{Message, content_text};
+use crate::model::{Message, content_text, write_messages};
 
 /// Why the LLM summarizer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -250,14 +250,8 @@ fn request_body(
         Vec::with_capacity(prompt.messages.iter().map(|m| m.raw().len() + 1).sum::<usize>() + 256);
     out.extend_from_slice(b"{\"model\":");
     serde_json::to_writer(&mut out, model)?;
-    out.extend_from_slice(b",\"messages\":[");
-    for (i, m) in prompt.messages.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(m.raw().as_bytes());
-    }
-    out.push(b']');
+    out.extend_from_slice(b",\"messages\":");
+    write_messages(&mut out, &prompt.messages);
     if let Some(tools) = &prompt.tools {
         out.extend_from_slice(b",\"tools\":");
         out.extend_from_slice(tools.as_bytes());
