@@ -11,7 +11,7 @@ use crate::compaction::{Engine, SessionState};
 use crate::compactor::{Compactor, Sharing};
 use crate::config::{Config, StoreKind, SummarizerKind};
 use crate::http::Server;
-use crate::http::chat::{ChatState, Summarizers};
+use crate::http::conversation::{Conversations, Summarizers};
 use crate::http::server::{Listeners, ServerError};
 use crate::metrics::{Metrics, StoreOp};
 use crate::session::{
@@ -55,7 +55,7 @@ pub async fn build_server(config: &Config) -> Result<Server, AppError> {
 fn build_pipeline(
     config: &Config,
     compaction_runtime: Option<tokio::runtime::Handle>,
-) -> Result<(ChatState, Arc<Metrics>), AppError> {
+) -> Result<(Conversations, Arc<Metrics>), AppError> {
     let metrics = Arc::new(Metrics::new()?);
     let store = session_store(config, &metrics)?;
     let summarizers = match config.summarizer.kind {
@@ -66,7 +66,7 @@ fn build_pipeline(
     };
     let session_header = HeaderName::from_bytes(config.session.header.as_bytes())
         .map_err(|e| AppError::SessionHeader(e.to_string()))?;
-    let chat = ChatState {
+    let chat = Conversations {
         compactor: Compactor::sharing(
             Engine::new(config.compaction.clone()),
             store,

@@ -9,7 +9,6 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::compactor::ChatOutcome;
 use crate::summarizer::FailureReason;
 
 /// Routes as metric labels (never raw paths).
@@ -91,9 +90,127 @@ impl StoreOp {
     }
 }
 
-/// Compaction tiers as label values: 0 stored blocks only, 1 elide, 2 fold, 4 fallback
-/// (3, the goal batch, is not built yet).
-pub const TIERS: [&str; 5] = ["0", "1", "2", "3", "4"];
+/// What happened to a chat request, the `outcome` label of `chat_requests_total` (and,
+/// for `Compacted` and `Observed`, of `compactions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Forwarded as received (below the trigger).
+    Passthrough,
+    /// A compacted body was forwarded.
+    Compacted,
+    /// Observe mode: compacted, but forwarded as received.
+    Observed,
+    /// Compaction failed; forwarded as received.
+    FailedOpen,
+    /// A body foldgate does not understand, forwarded as is.
+    NotChat,
+    /// Compaction is off.
+    Disabled,
+}
+
+impl Outcome {
+    /// Every outcome.
+    pub const ALL: [Self; 6] = [
+        Self::Passthrough,
+        Self::Compacted,
+        Self::Observed,
+        Self::FailedOpen,
+        Self::NotChat,
+        Self::Disabled,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Passthrough => "passthrough",
+            Self::Compacted => "compacted",
+            Self::Observed => "observed",
+            Self::FailedOpen => "failed_open",
+            Self::NotChat => "not_chat",
+            Self::Disabled => "disabled",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The highest compaction tier applied, the `tier` label of `compactions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// `0`: stored fold blocks only.
+    Reuse,
+    /// `1`: elide.
+    Elide,
+    /// `2`: fold.
+    Fold,
+    /// `3`: goal batch.
+    GoalBatch,
+    /// `4`: fallback cut.
+    Fallback,
+}
+
+impl Tier {
+    /// Every tier.
+    pub const ALL: [Self; 5] =
+        [Self::Reuse, Self::Elide, Self::Fold, Self::GoalBatch, Self::Fallback];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reuse => "0",
+            Self::Elide => "1",
+            Self::Fold => "2",
+            Self::GoalBatch => "3",
+            Self::Fallback => "4",
+        }
+    }
+}
+
+/// The result of an overflow retry, the `result` label of `overflow_retries_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverflowRetry {
+    /// A deeper compaction was sent.
+    Retried,
+    /// Nothing more to take out (or observe mode): the upstream's answer stands.
+    NothingToCompact,
+}
+
+impl OverflowRetry {
+    /// Every result.
+    pub const ALL: [Self; 2] = [Self::Retried, Self::NothingToCompact];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Retried => "retried",
+            Self::NothingToCompact => "nothing_to_compact",
+        }
+    }
+}
+
+/// The `event` label of `learned_windows_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowEvent {
+    /// A provider stated a smaller window than known.
+    Learned,
+    /// A chat request was planned against a learned window.
+    Applied,
+}
+
+impl WindowEvent {
+    /// Every event.
+    pub const ALL: [Self; 2] = [Self::Learned, Self::Applied];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Learned => "learned",
+            Self::Applied => "applied",
+        }
+    }
+}
 
 fn status_class_index(status: u16) -> usize {
     match status {
@@ -115,6 +232,7 @@ struct PerRequest {
     proxy_overhead: [OnceLock<Histogram>; Route::COUNT],
     store_duration: [OnceLock<Histogram>; StoreOp::ALL.len()],
     store_errors: [OnceLock<IntCounter>; StoreOp::ALL.len()],
+    chat_requests: [OnceLock<IntCounter>; Outcome::ALL.len()],
 }
 
 /// Model families reported as themselves; everything else is `other`.
@@ -371,33 +489,26 @@ impl Metrics {
                 self.requests.with_label_values(&[route.as_str(), class]);
             }
         }
-        for tier in TIERS {
-            for outcome in [ChatOutcome::Compacted, ChatOutcome::Observed] {
-                self.compactions.with_label_values(&[tier, outcome.as_str()]);
+        for tier in Tier::ALL {
+            for outcome in [Outcome::Compacted, Outcome::Observed] {
+                self.compactions.with_label_values(&[tier.as_str(), outcome.as_str()]);
             }
         }
         for summarizer in ["llm", "extractive"] {
             self.summarizer_duration.with_label_values(&[summarizer]);
         }
-        let outcomes = [
-            ChatOutcome::Passthrough,
-            ChatOutcome::Compacted,
-            ChatOutcome::Observed,
-            ChatOutcome::FailedOpen,
-        ];
-        for outcome in outcomes.map(ChatOutcome::as_str).into_iter().chain(["not_chat", "disabled"])
-        {
-            self.chat_requests.with_label_values(&[outcome]);
+        for outcome in Outcome::ALL {
+            self.chat_requests.with_label_values(&[outcome.as_str()]);
         }
         for reason in FailureReason::ALL {
             self.summarizer_failures.with_label_values(&[reason.as_str()]);
         }
         self.summarizer_failures.with_label_values(&["failed"]);
-        for result in ["retried", "nothing_to_compact"] {
-            self.overflow_retries.with_label_values(&[result]);
+        for result in OverflowRetry::ALL {
+            self.overflow_retries.with_label_values(&[result.as_str()]);
         }
-        for event in ["learned", "applied"] {
-            self.learned_windows.with_label_values(&[event]);
+        for event in WindowEvent::ALL {
+            self.learned_windows.with_label_values(&[event.as_str()]);
         }
         for op in StoreOp::ALL {
             self.store_errors.with_label_values(&[op.as_str()]);
@@ -439,6 +550,28 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Counts one chat request by what happened to it.
+    pub fn chat_request(&self, outcome: Outcome) {
+        self.per_request.chat_requests[outcome.index()]
+            .get_or_init(|| self.chat_requests.with_label_values(&[outcome.as_str()]))
+            .inc();
+    }
+
+    /// Counts one compaction by highest tier applied and outcome.
+    pub fn compaction(&self, tier: Tier, outcome: Outcome) {
+        self.compactions.with_label_values(&[tier.as_str(), outcome.as_str()]).inc();
+    }
+
+    /// Counts one overflow retry by result.
+    pub fn overflow_retry(&self, result: OverflowRetry) {
+        self.overflow_retries.with_label_values(&[result.as_str()]).inc();
+    }
+
+    /// Counts one learned-window event.
+    pub fn learned_window(&self, event: WindowEvent) {
+        self.learned_windows.with_label_values(&[event.as_str()]).inc();
+    }
+
     /// Records one session store operation: its duration, and whether it failed.
     pub fn observe_store(&self, op: StoreOp, elapsed: std::time::Duration, failed: bool) {
         let per = &self.per_request;
@@ -477,7 +610,7 @@ mod tests {
     fn renders_registered_metrics() {
         let m = Metrics::new().unwrap();
         m.request(Route::ChatCompletions, 200);
-        m.chat_requests.with_label_values(&["compacted"]).inc();
+        m.chat_request(Outcome::Compacted);
         let text = String::from_utf8(m.render()).unwrap();
         assert!(text.contains(
             "foldgate_requests_total{route=\"chat_completions\",status_class=\"2xx\"} 1"

@@ -344,7 +344,7 @@ fn a_text_mode_session_rarely_falls_back_to_tier_4() {
         let out = run(&engine, &body(&msgs[..end]), &mut state, &ExtractiveSummarizer, &opts);
         if matches!(out, Outcome::Compacted { .. }) {
             compacted += 1;
-            *tiers.entry(out.report().tier).or_default() += 1;
+            *tiers.entry(out.report().tier.number()).or_default() += 1;
         }
     }
     println!("{compacted} compacted requests by tier: {tiers:?}");
@@ -430,5 +430,5 @@ fn a_current_turn_the_fallback_cannot_cut_is_not_reported_as_tier_4() {
         "between the trigger and the budget: {report:?}"
     );
     assert!(matches!(out, Outcome::Unchanged { .. }), "{report:?}");
-    assert_eq!((report.tier, report.dropped, report.elided), (0, 0, 0), "{report:?}");
+    assert_eq!((report.tier.number(), report.dropped, report.elided), (0, 0, 0), "{report:?}");
 }

@@ -293,7 +293,7 @@ proptest! {
         for upto in cuts(&msgs) {
             let req = request(&msgs, upto);
             let out = run(&engine, &req, &mut state, &opts);
-            let tier = out.report().tier;
+            let tier = out.report().tier.number();
             let fwd: Vec<String> = forwarded(&out, &req).messages().iter().map(|m| m.raw().to_owned()).collect();
             if let Some((prev, prefix_len, prev_tier)) = &previous {
                 if *prev_tier != 4 && tier != 4 && out.report().blocks_invalidated == 0 {

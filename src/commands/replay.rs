@@ -328,7 +328,7 @@ pub async fn replay_conversation(
         stats.tokens_before += before as u64;
         stats.tokens_after += after as u64;
         stats.folds += report.blocks_new;
-        *stats.tiers.entry(report.tier).or_default() += 1;
+        *stats.tiers.entry(report.tier.number()).or_default() += 1;
         for v in verify(&request, forwarded, engine.config(), &budget, &mut state.token_cache) {
             *stats.violations.entry(v.check).or_default() += 1;
             if stats.first_violation.is_none() {

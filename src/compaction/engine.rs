@@ -8,7 +8,7 @@ use super::budget::{Budget, Options};
 use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::keep::Keep;
 use super::plan::{Goals, Item, Kind, Plan};
-use super::report::Report;
+use super::report::{Report, Tier};
 use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::units::{Unit, group_tail_start, turn_tail_start, units};
@@ -197,7 +197,7 @@ impl Engine {
             match plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)? {
                 Some(kept) if kept.total() <= budget.trigger => {
                     plan = kept;
-                    report.tier = 4;
+                    report.tier = Tier::Fallback;
                     report.cut_reused = true;
                 }
                 other => recut = other,
@@ -229,7 +229,7 @@ impl Engine {
                 plan = src.plan(blocks, &mut counter)?;
                 report.used_prefetched = true;
                 report.blocks_new += 1;
-                report.tier = 2;
+                report.tier = Tier::Fold;
             }
             let blocks_end = blocks.last().map_or(0, |b| b.end);
             let tail0 = turn_tail_start(&units, cfg.keep_last_turns).max(blocks_end);
@@ -238,7 +238,7 @@ impl Engine {
             let unelided = (opts.postpone_folds && plan.total() <= budget.fit_limit())
                 .then(|| (plan.clone(), report.tier));
             if plan.elide_before(tail0, cfg.elide_min_tokens, budget.target, &mut counter)? {
-                report.tier = report.tier.max(1);
+                report.tier = report.tier.max(Tier::Elide);
             }
             if plan.total() > budget.target {
                 let tail1 = group_tail_start(&units, tail0, cfg.keep_last_tool_groups)
@@ -288,7 +288,8 @@ impl Engine {
                                 small_max: cfg.user_verbatim_max_tokens,
                                 min_tokens: cfg.elide_min_tokens,
                             };
-                            plan.cut_to_fit(goals, protect, &mut counter)?.map(|cut| (cut, 4))
+                            plan.cut_to_fit(goals, protect, &mut counter)?
+                                .map(|cut| (cut, Tier::Fallback))
                         }
                         None => None,
                     };
@@ -307,7 +308,7 @@ impl Engine {
                                 with_block(blocks, folded, &plan, &src, &mut counter, &mut report)?;
                             if let Some(built) = built {
                                 plan = built;
-                                report.tier = 2;
+                                report.tier = Tier::Fold;
                             }
                         }
                         None => report.fold_deferred |= !report.fold_postponed,
@@ -374,7 +375,7 @@ impl Engine {
                                 with_block(blocks, folded, &plan, &src, &mut counter, &mut report)?;
                             if let Some(built) = built {
                                 plan = built;
-                                report.tier = 3;
+                                report.tier = Tier::GoalBatch;
                                 report.goal_batches += 1;
                             }
                         }
@@ -401,7 +402,7 @@ impl Engine {
                 // Tier 4 only when it cut something: a prompt over target that it cannot
                 // cut (all of it a current turn that fits) is forwarded as it was.
                 if plan.fallback(goals, protect, &mut counter)? {
-                    report.tier = 4;
+                    report.tier = Tier::Fallback;
                 }
             }
         }

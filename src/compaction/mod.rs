@@ -22,7 +22,7 @@ pub mod units;
 pub use blocks::{FoldBlock, SessionState};
 pub use budget::{Budget, Options};
 pub use engine::{Engine, Outcome};
-pub use report::Report;
+pub use report::{Report, Tier};
 pub use tokens::TokenCache;
 
 use crate::model::ModelError;

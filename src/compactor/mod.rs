@@ -52,7 +52,8 @@ pub enum ChatOutcome {
 }
 
 impl ChatOutcome {
-    /// The label used in headers, logs and metrics.
+    /// The value of `x-foldgate-outcome` and of the log field (the metric label is
+    /// `metrics::Outcome`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Passthrough => "passthrough",

@@ -4,6 +4,8 @@
 mod body;
 pub mod chat;
 mod connections;
+pub mod conversation;
+pub mod dialect;
 mod error;
 mod headers;
 pub mod layers;

@@ -11,7 +11,9 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, full};
-use super::chat::{self, ChatState};
+use super::chat;
+use super::conversation::Conversations;
+use super::dialect::ChatCompletions;
 use super::error::ProxyError;
 use super::linger::UnreadBody;
 use super::passthrough;
@@ -26,8 +28,8 @@ pub struct AppState {
     pub max_body: u64,
     /// Listener up and not draining.
     pub ready: AtomicBool,
-    /// Chat-completions interception.
-    pub chat: ChatState,
+    /// The conversation service of compacted routes.
+    pub chat: Conversations,
     /// Every metric.
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served on the proxy port (`None`: disabled or elsewhere).
@@ -99,6 +101,7 @@ async fn dispatch(
         (&Method::POST, "/v1/chat/completions") => (
             Route::ChatCompletions,
             chat::handle(
+                &ChatCompletions,
                 &state.upstream,
                 state.max_body,
                 &state.chat,

@@ -14,7 +14,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
-use super::chat::ChatState;
+use super::conversation::Conversations;
 use super::layers::{AccessLogLayer, RequestIdLayer};
 use super::linger::{LINGER_SLACK, Linger, LingerFlag, LingerIo};
 use super::routes::{AppState, Router};
@@ -96,11 +96,11 @@ fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 impl Server {
-    /// Binds `config.server.listen` and builds the upstream client; `chat` handles
-    /// chat-completions requests.
+    /// Binds `config.server.listen` and builds the upstream client; `chat` serves the
+    /// compacted routes (chat completions).
     pub async fn bind(
         config: &Config,
-        chat: ChatState,
+        chat: Conversations,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
         Self::on(config, Listeners::bind(config)?, chat, metrics, true)
@@ -112,7 +112,7 @@ impl Server {
     pub fn on(
         config: &Config,
         listeners: Listeners,
-        chat: ChatState,
+        chat: Conversations,
         metrics: Arc<Metrics>,
         housekeeping: bool,
     ) -> Result<Self, ServerError> {

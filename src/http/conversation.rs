@@ -1,0 +1,353 @@
+//! The conversation service: one request of a conversation, whatever its API shape. It
+//! decides what to forward (the quick decision from the outline, or the compactor's
+//! session transaction on the compaction runtime), picks the summarizer, compacts deeper
+//! after an overflow error, and records the outcome. It forwards nothing itself: the
+//! handler sends the body it gets and tags the answer (`super::chat`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName};
+
+use super::dialect::Dialect;
+use crate::compaction::{Options, Tier};
+use crate::compactor::{ChatOutcome, Compactor, Decision, windows};
+use crate::metrics::{self, Metrics, OverflowRetry, WindowEvent, model_label};
+use crate::model::ChatRequest;
+use crate::session::SessionKey;
+use crate::summarizer::llm::{Credential, LlmSummarizer};
+use crate::summarizer::{
+    ExtractiveSummarizer, FailureReason, Summarizer, SummarizerError, SummaryInput,
+};
+
+/// Which summarizer writes digests.
+#[derive(Clone)]
+pub enum Summarizers {
+    /// Deterministic digests only.
+    Extractive,
+    /// A model, bound per request to the client's credential.
+    Llm(Arc<LlmSummarizer>),
+}
+
+/// What the service shares. Cheap to clone: every connection thread holds one.
+#[derive(Clone)]
+pub struct Conversations {
+    /// Sessions and the engine.
+    pub compactor: Compactor,
+    /// Digest writers.
+    pub summarizers: Summarizers,
+    /// The header naming a conversation.
+    pub session_header: HeaderName,
+    /// `compaction.enabled`.
+    pub enabled: bool,
+    /// Where compaction runs when it should not block the connection's thread (token
+    /// counting and folding take milliseconds); `None` runs it on the calling task.
+    pub compaction_runtime: Option<tokio::runtime::Handle>,
+}
+
+/// One request of a conversation, from its decision to its recorded outcome.
+pub struct Turn<'a, D> {
+    conversations: &'a Conversations,
+    dialect: &'a D,
+    metrics: &'a Arc<Metrics>,
+    headers: &'a HeaderMap,
+    original: &'a Bytes,
+    /// The parsed request; `None` when it was decided from its outline.
+    request: Option<Arc<ChatRequest>>,
+    key: SessionKey,
+    model: &'static str,
+    model_key: String,
+    learned: Option<usize>,
+    decision: Decision,
+    retried: bool,
+}
+
+/// A deeper compaction to send after an overflow error.
+pub struct Retry {
+    /// The body to send.
+    pub body: Bytes,
+    /// When the retry's work began (for the overhead metric).
+    pub started: Instant,
+}
+
+impl Conversations {
+    /// Decides what to forward for `original` (the body as received); `None` when the
+    /// dialect does not understand it (it is then forwarded as it is). A request far
+    /// below the trigger is decided from its outline on the calling task, without
+    /// parsing or conversation state; any other makes the hop to the compaction runtime.
+    pub async fn begin<'a, D: Dialect>(
+        &'a self,
+        dialect: &'a D,
+        upstream: &str,
+        headers: &'a HeaderMap,
+        original: &'a Bytes,
+        metrics: &'a Arc<Metrics>,
+    ) -> Option<Turn<'a, D>> {
+        let outline = dialect.outline(original);
+        let mut parsed = None;
+        let model_name = match &outline {
+            Some(outline) => dialect.outline_model(outline),
+            None => parsed.insert(Arc::new(dialect.parse(original)?)).model(),
+        };
+        let model = model_label(model_name.as_deref().unwrap_or_default());
+        let model_key = windows::model_key(upstream, model_name.as_deref().unwrap_or_default());
+        let learned = self.compactor.learned_window(&model_key);
+        if learned.is_some() {
+            metrics.learned_window(WindowEvent::Applied);
+        }
+        let options = Options { window_cap: learned, ..Options::default() };
+        let session_header = self.session_header.as_str();
+        // Far below the trigger (most requests of most conversations) the request goes as
+        // it is: not parsed, no conversation state, no hop to the compaction runtime.
+        let quick = outline.as_ref().and_then(|outline| {
+            let report = dialect.clearly_below(self.compactor.engine(), outline, &options)?;
+            let key = dialect.outline_session_key(headers, session_header, outline);
+            Some((Decision::unchanged(report), key))
+        });
+        drop(outline);
+        let (decision, key) = match quick {
+            Some(quick) => quick,
+            None => {
+                let request = match parsed.take() {
+                    Some(request) => request,
+                    None => Arc::new(dialect.parse(original)?),
+                };
+                let key = dialect.session_key(headers, session_header, &request);
+                let summarizer = self.timed_summarizer(headers, &request, metrics);
+                let decision = self.decide(&key, &request, summarizer, &options).await;
+                parsed = Some(request);
+                (decision, key)
+            }
+        };
+        log_decision(&decision, false);
+        Some(Turn {
+            conversations: self,
+            dialect,
+            metrics,
+            headers,
+            original,
+            request: parsed,
+            key,
+            model,
+            model_key,
+            learned,
+            decision,
+            retried: false,
+        })
+    }
+
+    /// [`Compactor::decide`], on the compaction runtime when there is one.
+    async fn decide(
+        &self,
+        key: &SessionKey,
+        request: &Arc<ChatRequest>,
+        summarizer: Arc<dyn Summarizer>,
+        options: &Options,
+    ) -> Decision {
+        let Some(runtime) = &self.compaction_runtime else {
+            return self.compactor.decide(key, request, summarizer, options).await;
+        };
+        let (compactor, key, request, options) =
+            (self.compactor.clone(), key.clone(), request.clone(), options.clone());
+        runtime
+            .spawn(async move { compactor.decide(&key, &request, summarizer, &options).await })
+            .await
+            .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
+    }
+
+    /// The summarizer for `request`, its calls timed and its failures counted.
+    fn timed_summarizer(
+        &self,
+        headers: &HeaderMap,
+        request: &ChatRequest,
+        metrics: &Arc<Metrics>,
+    ) -> Arc<dyn Summarizer> {
+        Arc::new(Timed { inner: self.summarizer_for(headers, request), metrics: metrics.clone() })
+    }
+
+    fn summarizer_for(&self, headers: &HeaderMap, request: &ChatRequest) -> Box<dyn Summarizer> {
+        match &self.summarizers {
+            Summarizers::Extractive => Box::new(ExtractiveSummarizer),
+            Summarizers::Llm(llm) => Box::new(
+                llm.bind(Credential::from_headers(headers), &request.model().unwrap_or_default()),
+            ),
+        }
+    }
+}
+
+impl<D: Dialect> Turn<'_, D> {
+    /// The body to forward: the original bytes, or the rendered compaction.
+    pub fn body(&self) -> Bytes {
+        match &self.decision.rewritten {
+            Some(compacted) => self.dialect.render(compacted.clone()),
+            None => self.original.clone(),
+        }
+    }
+
+    /// The current decision (the retry's, after a retry).
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The conversation's session key.
+    pub fn session(&self) -> &SessionKey {
+        &self.key
+    }
+
+    /// The request's model label.
+    pub fn model(&self) -> &'static str {
+        self.model
+    }
+
+    /// The context window learned from an earlier overflow that the request was planned
+    /// against, if any.
+    pub fn learned_window(&self) -> Option<usize> {
+        self.learned
+    }
+
+    /// True when the forwarded body is a retry after an overflow error.
+    pub fn retried(&self) -> bool {
+        self.retried
+    }
+
+    /// After an error answer with `error_body`: when it is a context overflow, learns the
+    /// window it states and compacts deeper, forced. `None` when the answer stands (not
+    /// an overflow, or nothing more to take out).
+    pub async fn retry_after(&mut self, error_body: &[u8]) -> Option<Retry> {
+        if !self.dialect.is_overflow(error_body) {
+            return None;
+        }
+        let stated = self.dialect.stated_window(error_body);
+        let compactor = &self.conversations.compactor;
+        if let Some(window) = stated {
+            if compactor.learn_window(&self.model_key, window).await {
+                self.metrics.learned_window(WindowEvent::Learned);
+                tracing::info!(model = %self.model_key, window, "context window learned from an overflow error");
+            }
+        }
+        let request = match &self.request {
+            Some(request) => request.clone(),
+            None => Arc::new(self.dialect.parse(self.original)?),
+        };
+        // Forced, to half the usual target, within the window the provider stated (else
+        // within the prompt size that it just rejected).
+        let mut options = Options::overflow_retry(compactor.engine().config());
+        let rejected = self.decision.report.as_ref().map(|r| r.tokens_after);
+        options.window_cap = stated.or(rejected).filter(|&n| n > 0);
+        let started = Instant::now();
+        let summarizer = self.conversations.timed_summarizer(self.headers, &request, self.metrics);
+        let retry = self.conversations.decide(&self.key, &request, summarizer, &options).await;
+        log_decision(&retry, true);
+        let Some(compacted) = retry.rewritten.clone() else {
+            // Nothing more to take out (or observe mode): the upstream's answer stands.
+            self.metrics.overflow_retry(OverflowRetry::NothingToCompact);
+            return None;
+        };
+        self.metrics.overflow_retry(OverflowRetry::Retried);
+        self.decision = retry;
+        self.retried = true;
+        Some(Retry { body: self.dialect.render(compacted), started })
+    }
+
+    /// Records what happened to the request in the metrics.
+    pub fn record(&self) {
+        let (metrics, decision) = (self.metrics, &self.decision);
+        let outcome = outcome_label(decision.outcome);
+        metrics.chat_request(outcome);
+        let sessions = self.conversations.compactor.store().active_sessions();
+        metrics.active_sessions.set(i64::try_from(sessions).unwrap_or(i64::MAX));
+        let Some(report) = &decision.report else { return };
+        let before = report.tokens_before as u64;
+        let forwarded =
+            if decision.rewritten.is_some() { report.tokens_after as u64 } else { before };
+        let model = self.model;
+        metrics.prompt_tokens_before.with_label_values(&[model]).inc_by(before);
+        metrics.prompt_tokens_after.with_label_values(&[model]).inc_by(forwarded);
+        metrics.tokens_saved.with_label_values(&[model]).inc_by(before.saturating_sub(forwarded));
+        if matches!(decision.outcome, ChatOutcome::Compacted | ChatOutcome::Observed) && before > 0
+        {
+            metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
+            metrics.fold_wait.observe(decision.fold_wait.as_secs_f64());
+            metrics.compaction(tier_label(report.tier), outcome);
+        }
+        if let Some(recall) = report.artifact_recall {
+            metrics.artifact_recall.observe(recall);
+        }
+    }
+}
+
+/// The metric label of an outcome.
+fn outcome_label(outcome: ChatOutcome) -> metrics::Outcome {
+    match outcome {
+        ChatOutcome::Passthrough => metrics::Outcome::Passthrough,
+        ChatOutcome::Compacted => metrics::Outcome::Compacted,
+        ChatOutcome::Observed => metrics::Outcome::Observed,
+        ChatOutcome::FailedOpen => metrics::Outcome::FailedOpen,
+    }
+}
+
+/// The metric label of a tier.
+fn tier_label(tier: Tier) -> metrics::Tier {
+    match tier {
+        Tier::Reuse => metrics::Tier::Reuse,
+        Tier::Elide => metrics::Tier::Elide,
+        Tier::Fold => metrics::Tier::Fold,
+        Tier::GoalBatch => metrics::Tier::GoalBatch,
+        Tier::Fallback => metrics::Tier::Fallback,
+    }
+}
+
+/// A summarizer whose calls are timed and whose failures are counted.
+struct Timed {
+    inner: Box<dyn Summarizer>,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl Summarizer for Timed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
+        let started = Instant::now();
+        let result = self.inner.summarize(input).await;
+        self.metrics
+            .summarizer_duration
+            .with_label_values(&[self.inner.name()])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            self.metrics
+                .summarizer_failures
+                .with_label_values(&[e.reason().map_or("failed", FailureReason::as_str)])
+                .inc();
+        }
+        result
+    }
+}
+
+fn log_decision(decision: &Decision, retry: bool) {
+    let Some(report) = &decision.report else { return };
+    if decision.outcome == ChatOutcome::Passthrough && !retry {
+        tracing::debug!(tokens = report.tokens_before, "below the trigger");
+        return;
+    }
+    tracing::info!(
+        outcome = decision.outcome.as_str(),
+        retry,
+        tier = report.tier.number(),
+        tokens_before = report.tokens_before,
+        tokens_after = report.tokens_after,
+        folded = report.folded,
+        elided = report.elided,
+        dropped = report.dropped,
+        blocks_reused = report.blocks_reused,
+        fold_postponed = report.fold_postponed,
+        fold_wait_ms = decision.fold_wait.as_millis() as u64,
+        blocks_new = report.blocks_new,
+        summarizer = report.summarizer.as_deref().unwrap_or("-"),
+        summarizer_error = report.summarizer_error.as_deref().unwrap_or("-"),
+        "compaction"
+    );
+}

@@ -1,0 +1,90 @@
+//! API shapes at the edge of the conversation service. A [`Dialect`] knows one shape's
+//! bodies and errors: it reads a body into the engine's neutral request, renders the body
+//! to forward, estimates tokens for the quick decision, recognises an overflow error and
+//! reads usage. Everything else (sessions, summarizers, the retry) is shared, in
+//! [`super::conversation`]; a new API shape is a new file here.
+//!
+//! Dialects are used through generics, never `dyn`: the quick path of a request far below
+//! the trigger stays as cheap as a direct call.
+
+pub mod chat;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+
+use super::body::ProxyBody;
+use crate::compaction::{Engine, Options, Report};
+use crate::metrics::{Metrics, Route};
+use crate::model::ChatRequest;
+use crate::session::SessionKey;
+
+pub use chat::ChatCompletions;
+
+/// One API shape, as the conversation service and the handler need it.
+pub trait Dialect: Send + Sync + 'static {
+    /// What a scan that does not parse reads of a body (fields, message extents).
+    type Outline<'a>;
+
+    /// The route label of this shape's requests.
+    fn route(&self) -> Route;
+
+    /// The outline of `body`; `None` when the scan cannot follow it (it is parsed then).
+    fn outline<'a>(&self, body: &'a [u8]) -> Option<Self::Outline<'a>>;
+
+    /// The model an outline names.
+    fn outline_model(&self, outline: &Self::Outline<'_>) -> Option<String>;
+
+    /// A token estimate from the outline alone, as a report, when the request is far
+    /// below the trigger; `None` when it must be counted exactly (parsed, compacted).
+    fn clearly_below(
+        &self,
+        engine: &Engine,
+        outline: &Self::Outline<'_>,
+        options: &Options,
+    ) -> Option<Report>;
+
+    /// The session key of a request known only by its outline.
+    fn outline_session_key(
+        &self,
+        headers: &HeaderMap,
+        session_header: &str,
+        outline: &Self::Outline<'_>,
+    ) -> SessionKey;
+
+    /// The body as the engine's neutral request; `None` when it is not a request of this
+    /// shape that foldgate understands (it is then forwarded as it is).
+    fn parse(&self, body: &[u8]) -> Option<ChatRequest>;
+
+    /// The session key of a parsed request (the same as its outline's).
+    fn session_key(
+        &self,
+        headers: &HeaderMap,
+        session_header: &str,
+        request: &ChatRequest,
+    ) -> SessionKey;
+
+    /// The body to forward, from the compacted neutral request the engine wrote.
+    fn render(&self, compacted: Bytes) -> Bytes;
+
+    /// True when an answer with `status` may be a context overflow (its body is then
+    /// peeked at).
+    fn may_overflow(&self, status: StatusCode) -> bool;
+
+    /// True for the error bodies this shape's providers give when a prompt is longer
+    /// than the window.
+    fn is_overflow(&self, error_body: &[u8]) -> bool;
+
+    /// The context window an overflow error states, when it does.
+    fn stated_window(&self, error_body: &[u8]) -> Option<usize>;
+
+    /// `response` with its upstream usage read into `metrics` as it streams by
+    /// (`model`: the request's model label, if known).
+    fn tap_usage(
+        &self,
+        response: Response<ProxyBody>,
+        metrics: &Arc<Metrics>,
+        model: Option<&'static str>,
+    ) -> Response<ProxyBody>;
+}
