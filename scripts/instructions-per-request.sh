@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
-# User-space instructions per proxied 2 KB chat request, foldgate and nginx side by side,
-# counted by valgrind's callgrind: unlike timings, the counts hardly move between runs or
-# with other load on the machine, so a change's effect on the work per request shows
-# even when the latency bench cannot resolve it.
+# User-space instructions per proxied chat request below the compaction trigger: foldgate
+# in its default configuration (compaction on, `info` log with the access-log line),
+# foldgate with compaction off, and nginx, side by side, counted by valgrind's callgrind:
+# unlike timings, the counts hardly move between runs or with other load on the
+# machine, so a change's effect on the work per request shows even when the latency
+# bench cannot resolve it.
 #
 # Each proxy runs alone under callgrind (foldgate with one connection thread, nginx with
 # one worker and no master), in front of the same Python mock upstream (1.2 KB
-# chat.completion with usage). Sequential keep-alive requests warm it up, the counters
-# are zeroed, N more requests are counted. Prints instructions per request and the
-# ratio foldgate / nginx; `FOLDGATE_PROFILE=1` also keeps foldgate's callgrind file
-# (open with callgrind_annotate --inclusive=yes).
+# chat.completion with usage). The request is a conversation of system prompt, user
+# turns, tool calls, tool results and assistant answers padded to BODY_KB KiB, as the
+# latency bench sends. Sequential keep-alive requests warm it up, the counters are
+# zeroed, N more requests are counted. Prints instructions per request and the ratios to
+# nginx; `KEEP_PROFILES=1` also keeps foldgate's callgrind files
+# (target/foldgate-default.callgrind, target/foldgate-off.callgrind; open with
+# callgrind_annotate --inclusive=yes).
 #
-# Usage: scripts/instructions-per-request.sh [N]   (default 2000)
+# Usage: [BODY_KB=2] scripts/instructions-per-request.sh [N]   (default N 2000)
 # Needs valgrind, nginx and python3 (apt-get install -y valgrind nginx python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2000}
+BODY_KB=${BODY_KB:-2}
 for tool in valgrind callgrind_control callgrind_annotate python3; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install -y valgrind python3)" >&2; exit 1; }
 done
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$NGINX" ] || { echo "nginx is missing (apt-get install -y nginx)" >&2; exit 1; }
 
-cargo build --release --quiet
+[ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release --quiet
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
@@ -58,8 +64,27 @@ asyncio.run(main())
 EOF
 cat >"$work/load.py" <<'EOF'
 import http.client, json, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-body = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x" * 1950}]}).encode()
+port, n, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) * 1024
+words = "the parser reads each frame and the writer flushes buffered output to disk".split()
+def prose(n, seed):
+    out = []
+    while sum(len(w) + 1 for w in out) < n:
+        out.append(words[(len(out) * 7 + seed) % len(words)])
+    return " ".join(out)[:n]
+def envelope(messages, last):
+    return json.dumps({"model": "gpt-4o-mini", "messages": messages + [{"role": "user", "content": last}],
+                       "temperature": 0.2, "max_tokens": 1024, "stream": False}).encode()
+messages = [{"role": "system", "content": prose(600, 1)}]
+turn = 0
+while len(envelope(messages, "")) + 1500 < size:
+    call = "call_%04d" % turn
+    messages += [{"role": "user", "content": prose(300, turn)},
+                 {"role": "assistant", "content": None, "tool_calls": [{"id": call, "type": "function",
+                  "function": {"name": "read_file", "arguments": json.dumps({"path": "src/m%d.rs" % turn})}}]},
+                 {"role": "tool", "tool_call_id": call, "content": prose(700, turn + 2)},
+                 {"role": "assistant", "content": prose(250, turn + 4)}]
+    turn += 1
+body = envelope(messages, prose(max(0, size - len(envelope(messages, ""))), turn))
 connection = http.client.HTTPConnection("127.0.0.1", port)
 for _ in range(n):
     connection.request("POST", "/v1/chat/completions", body=body,
@@ -81,40 +106,45 @@ EOF
 python3 "$work/mock.py" "$MOCK_PORT" & pids+=($!)
 
 wait_port() {
-    for _ in $(seq 100); do
+    for _ in $(seq 300); do
         python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0
         sleep 0.2
     done
-    echo "nothing listens on $1" >&2; exit 1
+    echo "nothing listens on $1 ($2)" >&2; tail -30 "$work/$2.err" >&2; exit 1
 }
 
 # count NAME PORT CMD...: instructions per request of CMD proxying to the mock.
 count() {
     local name=$1 port=$2; shift 2
     local out="$work/$name.callgrind"
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>&1 & local pid=$!
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>"$work/$name.err" & local pid=$!
     pids+=("$pid")
-    wait_port "$port"
-    python3 "$work/load.py" "$port" 300
+    wait_port "$port" "$name"
+    python3 "$work/load.py" "$port" 300 "$BODY_KB"
     callgrind_control -z "$pid" >/dev/null 2>&1
-    python3 "$work/load.py" "$port" "$N"
+    python3 "$work/load.py" "$port" "$N" "$BODY_KB"
     callgrind_control -d "$pid" >/dev/null 2>&1
     sleep 1
     kill "$pid"; wait "$pid" 2>/dev/null || true
     local dump total
     dump=$(ls -t "$out".* | head -1)
     total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
-    [ "$name" = foldgate ] && [ "${FOLDGATE_PROFILE:-0}" = 1 ] && cp "$dump" target/foldgate.callgrind
+    case "$name" in foldgate-*) [ "${KEEP_PROFILES:-0}" = 1 ] && cp "$dump" "target/$name.callgrind" ;; esac
     echo $((total / N))
 }
 
-fg=$(FOLDGATE_SERVER__WORKERS=1 FOLDGATE_LISTEN=127.0.0.1:$FG_PORT \
-    FOLDGATE_UPSTREAM_URL=http://127.0.0.1:$MOCK_PORT/v1 FOLDGATE_LOG__LEVEL=warn \
-    FOLDGATE_COMPACTION__ENABLED=false count foldgate "$FG_PORT" target/release/foldgate serve)
+foldgate_env() {
+    export FOLDGATE_SERVER__WORKERS=1 FOLDGATE_LISTEN=127.0.0.1:$FG_PORT
+    export FOLDGATE_UPSTREAM_URL=http://127.0.0.1:$MOCK_PORT/v1
+}
+fg=$(foldgate_env; count foldgate-default "$FG_PORT" target/release/foldgate serve)
+off=$(foldgate_env; export FOLDGATE_COMPACTION__ENABLED=false
+    count foldgate-off "$FG_PORT" target/release/foldgate serve)
 ng=$(count nginx "$NG_PORT" "$NGINX" -c "$work/nginx.conf")
-echo "user-space instructions per 2 KB request ($N sequential, callgrind):"
-echo "  foldgate $fg"
-echo "  nginx    $ng"
-python3 -c "print('  ratio foldgate / nginx %.2f' % ($fg / $ng))"
-[ "${FOLDGATE_PROFILE:-0}" = 1 ] && echo "  profile: target/foldgate.callgrind"
+echo "user-space instructions per $BODY_KB KiB chat request ($N sequential, callgrind):"
+echo "  foldgate, default configuration  $fg"
+echo "  foldgate, compaction off         $off"
+echo "  nginx                            $ng"
+python3 -c "print('  ratio to nginx: default %.2f, compaction off %.2f' % ($fg / $ng, $off / $ng))"
+[ "${KEEP_PROFILES:-0}" = 1 ] && echo "  profiles: target/foldgate-default.callgrind, target/foldgate-off.callgrind"
 exit 0

@@ -45,7 +45,7 @@ impl<'a> Outline<'a> {
             return None;
         }
         loop {
-            let key = scan.key()?;
+            let key = std::str::from_utf8(scan.key()?).ok()?;
             scan.expect(b':')?;
             scan.whitespace();
             let start = scan.pos;
@@ -142,15 +142,15 @@ impl<'a> Scanner<'a> {
     }
 
     /// An object key without escapes.
-    fn key(&mut self) -> Option<&'a str> {
+    fn key(&mut self) -> Option<&'a [u8]> {
         self.expect(b'"')?;
         let start = self.pos;
-        let len = memchr::memchr2(b'"', b'\\', &self.body[start..])?;
+        let len = quote_or_backslash(&self.body[start..])?;
         if self.body[start + len] != b'"' {
             return None;
         }
         self.pos = start + len + 1;
-        std::str::from_utf8(&self.body[start..start + len]).ok()
+        Some(&self.body[start..start + len])
     }
 
     /// Skips a string whose opening quote is at `pos`, counting the mentions.
@@ -158,7 +158,7 @@ impl<'a> Scanner<'a> {
         let start = self.pos + 1;
         self.pos = start;
         loop {
-            let at = self.pos + memchr::memchr2(b'"', b'\\', self.body.get(self.pos..)?)?;
+            let at = self.pos + quote_or_backslash(self.body.get(self.pos..)?)?;
             if self.body[at] == b'"' {
                 self.pos = at + 1;
                 match &self.body[start..at] {
@@ -212,64 +212,116 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The messages of the array starting at `pos`: each an object, scanned key by key
-    /// so that its role is known.
+    /// The messages of the array starting at `pos`, each an object. One pass over the
+    /// array: strings are skipped with `memchr2`, brackets track the depth, and the only
+    /// key read is a message's own `role` (a chat body is mostly strings, and a
+    /// key-by-key walk of every message cost three times as much).
     fn messages(&mut self) -> Option<Vec<MessageOutline>> {
         self.expect(b'[')?;
+        let body = self.body;
         let mut out = Vec::new();
-        if self.peek()? == b']' {
-            self.pos += 1;
-            return Some(out);
-        }
-        loop {
-            out.push(self.message()?);
-            match self.next_byte()? {
-                b',' => continue,
-                b']' => return Some(out),
-                _ => return None,
-            }
-        }
-    }
-
-    fn message(&mut self) -> Option<MessageOutline> {
-        self.whitespace();
-        let start = self.pos;
-        let before = self.mentions;
+        // Depth 0: between messages; 1: directly inside a message object; deeper: inside
+        // one of its values.
+        let mut depth = 0usize;
+        let mut start = 0;
         let mut role = None;
-        self.expect(b'{')?;
-        if self.peek()? == b'}' {
-            self.pos += 1;
-        } else {
-            loop {
-                let key = self.key()?;
-                self.expect(b':')?;
-                self.whitespace();
-                let value = self.pos;
-                self.value()?;
-                if key == "role" {
-                    // Escapes make a borrowed read fail; an owned one decodes them.
-                    let raw = &self.body[value..self.pos];
-                    role = match serde_json::from_slice::<&str>(raw) {
-                        Ok(text) => Some(Role::parse(text)),
-                        Err(_) => {
-                            serde_json::from_slice::<String>(raw).ok().map(|t| Role::parse(&t))
+        // Where the message's `role` key was: its value is the next token.
+        let mut role_key = false;
+        let mut before = self.mentions;
+        loop {
+            let b = *body.get(self.pos)?;
+            match b {
+                b'"' => {
+                    let at = self.pos;
+                    if depth == 0 {
+                        return None;
+                    }
+                    self.string()?;
+                    if depth == 1 {
+                        let text = &body[at + 1..self.pos - 1];
+                        if role_key {
+                            role = role_of(&body[at..self.pos]);
+                            role_key = false;
+                        } else if text == b"role" && self.peek() == Some(b':') {
+                            role_key = true;
+                            self.pos += 1;
                         }
-                    };
+                    }
+                    continue;
                 }
-                match self.next_byte()? {
-                    b',' => continue,
-                    b'}' => break,
-                    _ => return None,
+                b'{' | b'[' => {
+                    if depth == 0 {
+                        if b == b'[' {
+                            return None;
+                        }
+                        (start, role, before) = (self.pos, None, self.mentions);
+                    }
+                    role_key = false;
+                    depth += 1;
                 }
+                b'}' | b']' => {
+                    if depth == 0 {
+                        if b == b'}' {
+                            return None;
+                        }
+                        self.pos += 1;
+                        return Some(out);
+                    }
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push(MessageOutline {
+                            range: start..self.pos + 1,
+                            role,
+                            image_mentions: self.mentions.0 - before.0,
+                            call_mentions: self.mentions.1 - before.1,
+                        });
+                    }
+                }
+                b' ' | b'\n' | b'\r' | b'\t' | b',' | b':' => {}
+                _ if depth == 0 => return None,
+                _ => role_key = false,
             }
+            self.pos += 1;
         }
-        Some(MessageOutline {
-            range: start..self.pos,
-            role,
-            image_mentions: self.mentions.0 - before.0,
-            call_mentions: self.mentions.1 - before.1,
-        })
     }
+}
+
+/// The offset of the first `"` or `\\` in `hay`. Most strings of a chat body are short
+/// (keys, roles, ids, names), and `memchr2` costs more to set up than they take to read,
+/// so the first 16 bytes are tested eight at a time in a word, then `memchr2` takes over.
+fn quote_or_backslash(hay: &[u8]) -> Option<usize> {
+    const WORD: usize = 8;
+    const WORDS: usize = 2;
+    for w in 0..WORDS {
+        let Some(chunk) = hay.get(w * WORD..(w + 1) * WORD) else {
+            // Fewer than eight bytes left: test them one by one.
+            let rest = hay.get(w * WORD..)?;
+            return rest.iter().position(|&b| b == b'"' || b == b'\\').map(|at| at + w * WORD);
+        };
+        let word = u64::from_le_bytes(chunk.try_into().ok()?);
+        let found =
+            zero_byte(word ^ 0x2222_2222_2222_2222) | zero_byte(word ^ 0x5c5c_5c5c_5c5c_5c5c);
+        if found != 0 {
+            return Some(w * WORD + found.trailing_zeros() as usize / 8);
+        }
+    }
+    let skip = WORD * WORDS;
+    memchr::memchr2(b'"', b'\\', &hay[skip..]).map(|at| at + skip)
+}
+
+/// The high bit of the lowest zero byte of `word` set (bits above it may be set too,
+/// which is why only the lowest one is used).
+fn zero_byte(word: u64) -> u64 {
+    word.wrapping_sub(0x0101_0101_0101_0101) & !word & 0x8080_8080_8080_8080
+}
+
+/// The role a `role` value names, when it is a string (escapes decoded).
+fn role_of(raw: &[u8]) -> Option<Role> {
+    let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    if inner.contains(&b'\\') {
+        return serde_json::from_slice::<String>(raw).ok().map(|t| Role::parse(&t));
+    }
+    Some(std::str::from_utf8(inner).map_or(Role::Other, Role::parse))
 }
 
 #[cfg(test)]
@@ -281,7 +333,8 @@ mod tests {
     fn finds_what_the_parser_finds() {
         let body = br#" { "model" : "gpt-4o", "x" : {"a":[1,{"b":"]}\"{"}], "c": null},
             "messages": [ {"role":"system","content":"be \"brief\" {"},
-              {"role":"user","content":[{"type":"text","text":"hi ]"}]} ],
+              {"role":"user","content":[{"type":"text","text":"hi ]"}]},
+              {"role" : "tool" ,"content":"C:\\dir\\","tool_call_id":"x\"}"} ],
             "max_tokens": 50, "tools": null, "stream": true } "#;
         let outline = Outline::scan(body).unwrap();
         let parsed = ChatRequest::parse(body).unwrap();
@@ -294,6 +347,26 @@ mod tests {
         assert_eq!(outline.first_with_role(Role::User), Some(expected[1]));
         assert_eq!(outline.first_with_role(Role::System), Some(expected[0]));
         assert_eq!(outline.field("x"), Some(&br#"{"a":[1,{"b":"]}\"{"}], "c": null}"#[..]));
+    }
+
+    #[test]
+    fn quotes_and_backslashes_are_found_at_every_offset() {
+        for len in 0..40 {
+            for at in 0..=len {
+                for mark in [b'"', b'\\'] {
+                    let mut hay = vec![b'a'; len];
+                    if at < len {
+                        hay[at] = mark;
+                        hay.extend_from_slice(b"\"\\");
+                    }
+                    let expected = memchr::memchr2(b'"', b'\\', &hay);
+                    assert_eq!(quote_or_backslash(&hay), expected, "{len} {at}");
+                }
+            }
+        }
+        // Bytes that differ from a quote by the carry of the word test.
+        assert_eq!(quote_or_backslash(b"\x23\x21\x01\x22"), Some(3));
+        assert_eq!(quote_or_backslash("é€\"".as_bytes()), Some(5));
     }
 
     #[test]
