@@ -8,6 +8,7 @@
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
@@ -55,7 +56,7 @@ fn key<'a>(
     fingerprint: impl FnOnce() -> (String, Option<&'a [u8]>, Option<&'a [u8]>),
 ) -> SessionKey {
     let mut hash = Sha256::new();
-    hash.update(b"foldgate/session/v1\0");
+    hash.update(b"foldgate/session/v2\0");
     match credential(headers) {
         Some((name, value)) => {
             hash.update(name.as_bytes());
@@ -71,19 +72,36 @@ fn key<'a>(
             hash.update(id.as_bytes());
         }
         None => {
+            // The first messages can be long pastes: they are hashed with XXH3-128, which
+            // keeps up with memory, and only its digest goes through SHA-256 with the
+            // credential. A collision could only join two conversations of one tenant,
+            // and a fold block is reused only where its messages match exactly.
             let (model, system, user) = fingerprint();
-            hash.update(b"fingerprint\0");
-            hash.update(model.as_bytes());
+            let mut content = Xxh3::new();
+            content.update(model.as_bytes());
             for first in [system, user] {
-                hash.update(b"\0");
+                content.update(b"\0");
+                content.update(&(first.map_or(0, <[u8]>::len) as u64).to_le_bytes());
                 if let Some(raw) = first {
-                    hash.update(raw);
+                    content.update(raw);
                 }
             }
+            hash.update(b"fingerprint\0");
+            hash.update(content.digest128().to_le_bytes());
         }
     }
-    let digest = hash.finalize();
-    SessionKey::from_digest(digest[..16].iter().map(|b| format!("{b:02x}")).collect::<String>())
+    SessionKey::from_digest(hex(&hash.finalize()[..16]))
+}
+
+/// `bytes` in lowercase hexadecimal.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -138,6 +156,22 @@ mod tests {
             a,
             session_key(&headers(&[("api-key", "other")]), "x-session-id", &request("task one"))
         );
+    }
+
+    #[test]
+    fn a_system_message_never_passes_for_a_user_message() {
+        let h = headers(&[("api-key", "k")]);
+        let body = |messages: serde_json::Value| {
+            let body = serde_json::json!({"model": "m", "messages": messages});
+            ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+        };
+        let system_only = body(serde_json::json!([{"role": "system", "content": "x"}]));
+        let user_only = body(serde_json::json!([{"role": "user", "content": "x"}]));
+        assert_ne!(
+            session_key(&h, "x-session-id", &system_only),
+            session_key(&h, "x-session-id", &user_only)
+        );
+        assert_eq!(hex(&[0x00, 0x9f, 0xa0, 0xff]), "009fa0ff");
     }
 
     #[test]
