@@ -13,7 +13,7 @@ use common::agent::{ProviderStats, chat_request, provider};
 use common::sessions::{Shape, session_requests};
 use common::*;
 use foldgate::compaction::check::verify;
-use foldgate::compaction::{Budget, Options, TokenCache};
+use foldgate::compaction::{Budget, Engine, Options, TokenCache};
 use foldgate::model::ChatRequest;
 use http::StatusCode;
 
@@ -70,8 +70,8 @@ async fn replay_paced(shape: Shape, seed: u64, pace: Pace) -> Replayed {
     assert!(requests.len() > 40, "{} requests", requests.len());
 
     let mut cache = TokenCache::default();
+    let engine = Engine::new(config.compaction.clone());
     let mut seen = Replayed::default();
-    let tiers = &mut seen.tiers;
     let mut failures = Vec::new();
     let mut sent = 0;
     for (i, request) in requests.iter().enumerate() {
@@ -91,7 +91,7 @@ async fn replay_paced(shape: Shape, seed: u64, pace: Pace) -> Replayed {
             assert!(answer.starts_with(b"data: "), "request {i} streamed");
         }
         let tier = headers.get("x-foldgate-tier").map(|v| v.to_str().unwrap().to_owned());
-        *tiers.entry(tier.unwrap_or_else(|| "-".into())).or_default() += 1;
+        *seen.tiers.entry(tier.unwrap_or_else(|| "-".into())).or_default() += 1;
 
         let chats: Vec<_> = mock
             .recorded()
@@ -103,6 +103,15 @@ async fn replay_paced(shape: Shape, seed: u64, pace: Pace) -> Replayed {
         let original = ChatRequest::parse(&request.body).unwrap();
         let forwarded = ChatRequest::parse(&chats[sent - 1].body).unwrap();
         let budget = Budget::of(&original, &config.compaction, &Options::default());
+        if seen.waits.last().is_some_and(|&(at, _)| at == i) {
+            // Only a request that could not be forwarded without its digest may wait.
+            let tokens = engine.count_prompt(&original, &budget, &mut cache);
+            assert!(
+                tokens > budget.fit_limit(),
+                "request {i} waited for a digest with {tokens} tokens, which fit {}",
+                budget.fit_limit()
+            );
+        }
         for v in verify(&original, &forwarded, &config.compaction, &budget, &mut cache) {
             failures.push(format!("request {i}: ({}) {}", v.check, v.detail));
         }
@@ -114,8 +123,8 @@ async fn replay_paced(shape: Shape, seed: u64, pace: Pace) -> Replayed {
         failures.join("\n")
     );
     let compacted: usize =
-        tiers.iter().filter(|(t, _)| !matches!(t.as_str(), "-" | "0")).map(|(_, n)| n).sum();
-    assert!(compacted > 10, "{shape:?}: the session was compacted ({tiers:?})");
+        seen.tiers.iter().filter(|(t, _)| !matches!(t.as_str(), "-" | "0")).map(|(_, n)| n).sum();
+    assert!(compacted > 10, "{shape:?}: the session was compacted ({:?})", seen.tiers);
     seen.folds = stats.summaries.load(std::sync::atomic::Ordering::SeqCst);
     seen
 }
