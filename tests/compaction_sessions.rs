@@ -37,6 +37,9 @@ struct Replayed {
     waits: Vec<(usize, Duration)>,
     /// The slowest request that did not wait.
     slowest_unwaited: Duration,
+    /// Forwarded requests that did not start with the previous forwarded request's
+    /// messages (the provider's cached prefix was lost).
+    rewrites: usize,
 }
 
 /// The agent provider, with digests that take `delay` to write.
@@ -102,6 +105,13 @@ async fn replay_paced(shape: Shape, seed: u64, pace: Pace) -> Replayed {
         sent += 1;
         let original = ChatRequest::parse(&request.body).unwrap();
         let forwarded = ChatRequest::parse(&chats[sent - 1].body).unwrap();
+        if sent > 1 {
+            let before = ChatRequest::parse(&chats[sent - 2].body).unwrap();
+            let (before, now) = (before.messages(), forwarded.messages());
+            let kept = before.len() <= now.len()
+                && before.iter().zip(now).all(|(a, b)| a.raw() == b.raw());
+            seen.rewrites += usize::from(!kept);
+        }
         let budget = Budget::of(&original, &config.compaction, &Options::default());
         if seen.waits.last().is_some_and(|&(at, _)| at == i) {
             // Only a request that could not be forwarded without its digest may wait.
@@ -164,7 +174,10 @@ async fn short_user_turns_outlive_pastes_that_pass_the_floor() {
 async fn a_slow_summarizer_makes_almost_no_request_wait() {
     let pace = Pace { summary: Duration::from_millis(1_000), pause: Duration::from_millis(500) };
     let seen = replay_paced(Shape::CodingAgent, 11, pace).await;
-    println!("folds {}, waits {:?}, tiers {:?}", seen.folds, seen.waits, seen.tiers);
+    println!(
+        "folds {}, waits {:?}, prefix rewrites {}, tiers {:?}",
+        seen.folds, seen.waits, seen.rewrites, seen.tiers
+    );
     assert!(seen.folds >= 3, "the session was folded several times: {}", seen.folds);
     assert!(
         seen.waits.len() * 20 <= seen.folds,
@@ -172,6 +185,13 @@ async fn a_slow_summarizer_makes_almost_no_request_wait() {
         seen.waits.len(),
         seen.folds,
         seen.waits
+    );
+    assert!(
+        seen.rewrites <= seen.folds,
+        "a fold rewrites the forwarded prefix once, not once per request while its digest \
+         is written: {} rewrites for {} folds",
+        seen.rewrites,
+        seen.folds
     );
     assert!(
         seen.slowest_unwaited < pace.summary / 2,

@@ -189,11 +189,11 @@ impl Engine {
         report.blocks_invalidated += matching - blocks.len();
         let src = Sources { msgs, units: &units, tokens: &tokens, fixed, keep: &keep };
         let mut plan = src.plan(blocks, &mut counter)?;
-        // The last request's cut, while it still keeps the prompt under the trigger: the
-        // prefix stays as it was forwarded.
+        // The last request's cut, while it still keeps the prompt under the trigger and
+        // no digest waits to be applied: the prefix stays as it was forwarded.
         let blocks_end = blocks.last().map_or(0, |b| b.end);
         let mut recut = None;
-        if !opts.force && !cut.is_empty() && plan.total() > budget.trigger {
+        if !opts.force && !cut.is_empty() && pending.is_none() && plan.total() > budget.trigger {
             match plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)? {
                 Some(kept) if kept.total() <= budget.trigger => {
                     plan = kept;
@@ -278,11 +278,20 @@ impl Engine {
                     // Postponed: as the previous requests were forwarded when that fits,
                     // else with old work cut to fit, as long as no user message and
                     // nothing of the current turn is lost.
+                    let reusable = recut.as_ref().filter(|kept| kept.total() <= budget.fit_limit());
                     let postponed = match unelided {
                         Some(unfolded) => Some(unfolded),
+                        // The cut made while this fold was first postponed, as long as it
+                        // still fits: the prefix stays as forwarded until the digest lands.
+                        None if opts.postpone_folds && reusable.is_some() => {
+                            report.cut_reused = true;
+                            reusable.cloned().map(|kept| (kept, Tier::Fallback))
+                        }
                         None if opts.postpone_folds => {
+                            // Cut to the trigger, not just under the limit, so that the
+                            // requests until the digest lands fit the same cut.
                             let goals = Goals {
-                                target: budget.fit_limit(),
+                                target: budget.trigger,
                                 limit: budget.fit_limit(),
                                 floor: budget.floor,
                                 small_max: cfg.user_verbatim_max_tokens,
