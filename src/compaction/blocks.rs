@@ -72,6 +72,10 @@ pub struct SessionState {
     /// forwarded prefix once per many requests, not on every request.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cut: Vec<CutItem>,
+    /// The cut was made for a fold postponed while its digest is written: it is reused
+    /// while the request fits, but the fold is still due (see [`crate::compaction::Engine`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_postponed: bool,
 }
 
 /// One item of a stored cut: a unit of the history (from original message `pos`) dropped,

@@ -172,7 +172,7 @@ impl Engine {
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
         let mut report =
             Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
-        let SessionState { blocks, token_cache, pending, cut } = state;
+        let SessionState { blocks, token_cache, pending, cut, cut_postponed } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
 
         let fixed = counter.tools(tools_raw) + REPLY_PRIMING;
@@ -189,13 +189,14 @@ impl Engine {
         report.blocks_invalidated += matching - blocks.len();
         let src = Sources { msgs, units: &units, tokens: &tokens, fixed, keep: &keep };
         let mut plan = src.plan(blocks, &mut counter)?;
-        // The last request's cut, while it still keeps the prompt under the trigger and
-        // no digest waits to be applied: the prefix stays as it was forwarded.
+        // The last request's cut, while it still keeps the prompt under the trigger: the
+        // prefix stays as it was forwarded. A cut made for a postponed fold is reused only
+        // where that fold is made (below), so the fold stays due.
         let blocks_end = blocks.last().map_or(0, |b| b.end);
         let mut recut = None;
-        if !opts.force && !cut.is_empty() && pending.is_none() && plan.total() > budget.trigger {
+        if !opts.force && !cut.is_empty() && plan.total() > budget.trigger {
             match plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)? {
-                Some(kept) if kept.total() <= budget.trigger => {
+                Some(kept) if kept.total() <= budget.trigger && !*cut_postponed => {
                     plan = kept;
                     report.tier = Tier::Fallback;
                     report.cut_reused = true;
@@ -417,6 +418,7 @@ impl Engine {
         }
 
         *cut = plan.cut_items(msgs, blocks.last().map_or(0, |b| b.end))?;
+        *cut_postponed = report.fold_postponed && !cut.is_empty();
         let forwarded = plan.messages();
         report.account(&plan, msgs.len());
         if same_messages(&forwarded, msgs) {
@@ -470,6 +472,7 @@ impl Engine {
             token_cache: std::mem::take(&mut state.token_cache),
             pending: None,
             cut: state.cut.clone(),
+            cut_postponed: state.cut_postponed,
         };
         let result = self.compact_request(request, &mut trial, summarizer, &opts).await;
         state.token_cache = trial.token_cache;
