@@ -4,6 +4,7 @@
 //! Layering (dependencies point one way): `app` → `http` → `compaction` → `model`;
 //! `config` is a leaf. See `ARCHITECTURE.md`.
 
+pub mod api;
 pub mod app;
 pub mod cli;
 pub mod client;

@@ -16,6 +16,10 @@ use crate::summarizer::FailureReason;
 pub enum Route {
     /// `POST /v1/chat/completions`.
     ChatCompletions,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/messages` (Anthropic).
+    Messages,
     /// Any other `/v1/` request, forwarded as is.
     Passthrough,
     /// `/healthz`, `/readyz`, `/metrics`.
@@ -25,18 +29,30 @@ pub enum Route {
 }
 
 impl Route {
-    const COUNT: usize = 4;
+    const COUNT: usize = 6;
 
     /// Every route.
-    pub const ALL: [Self; Self::COUNT] =
-        [Self::ChatCompletions, Self::Passthrough, Self::Local, Self::Unknown];
+    pub const ALL: [Self; Self::COUNT] = [
+        Self::ChatCompletions,
+        Self::Responses,
+        Self::Messages,
+        Self::Passthrough,
+        Self::Local,
+        Self::Unknown,
+    ];
+
+    /// The routes whose conversations foldgate compacts (the `route` label of the chat
+    /// request and prompt token metrics).
+    pub const COMPACTED: [Self; 3] = [Self::ChatCompletions, Self::Responses, Self::Messages];
 
     fn index(self) -> usize {
         match self {
             Self::ChatCompletions => 0,
-            Self::Passthrough => 1,
-            Self::Local => 2,
-            Self::Unknown => 3,
+            Self::Responses => 1,
+            Self::Messages => 2,
+            Self::Passthrough => 3,
+            Self::Local => 4,
+            Self::Unknown => 5,
         }
     }
 
@@ -44,6 +60,8 @@ impl Route {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ChatCompletions => "chat_completions",
+            Self::Responses => "responses",
+            Self::Messages => "messages",
             Self::Passthrough => "passthrough",
             Self::Local => "local",
             Self::Unknown => "unknown",
@@ -232,7 +250,7 @@ struct PerRequest {
     proxy_overhead: [OnceLock<Histogram>; Route::COUNT],
     store_duration: [OnceLock<Histogram>; StoreOp::ALL.len()],
     store_errors: [OnceLock<IntCounter>; StoreOp::ALL.len()],
-    chat_requests: [OnceLock<IntCounter>; Outcome::ALL.len()],
+    chat_requests: [[OnceLock<IntCounter>; Outcome::ALL.len()]; Route::COUNT],
 }
 
 /// Model families reported as themselves; everything else is `other`.
@@ -287,15 +305,15 @@ pub struct Metrics {
     registry: Registry,
     /// Requests by route and status class.
     pub requests: IntCounterVec,
-    /// Chat requests by outcome (`passthrough`, `compacted`, `observed`, `failed_open`,
-    /// `not_chat`: a body foldgate does not understand, forwarded as is; `disabled`:
-    /// compaction is off).
+    /// Requests of compacted routes by route and outcome (`passthrough`, `compacted`,
+    /// `observed`, `failed_open`, `not_chat`: a body foldgate does not understand,
+    /// forwarded as is; `disabled`: compaction is off).
     pub chat_requests: IntCounterVec,
-    /// Prompt tokens of chat requests as received, by model.
+    /// Prompt tokens of requests of compacted routes as received, by route and model.
     pub prompt_tokens_before: IntCounterVec,
-    /// Prompt tokens of chat requests as forwarded, by model.
+    /// Prompt tokens of requests of compacted routes as forwarded, by route and model.
     pub prompt_tokens_after: IntCounterVec,
-    /// Prompt tokens removed by compaction (before − after), by model.
+    /// Prompt tokens removed by compaction (before − after), by route and model.
     pub tokens_saved: IntCounterVec,
     /// Forwarded / original prompt tokens of compacted requests.
     pub compaction_ratio: Histogram,
@@ -384,23 +402,23 @@ impl Metrics {
             )?,
             chat_requests: counter(
                 "chat_requests_total",
-                "Chat requests by outcome.",
-                &["outcome"],
+                "Requests of compacted routes (chat completions, responses, messages) by route and outcome.",
+                &["route", "outcome"],
             )?,
             prompt_tokens_before: counter(
                 "prompt_tokens_before_total",
-                "Prompt tokens of chat requests as received.",
-                &["model"],
+                "Prompt tokens of requests of compacted routes as received.",
+                &["route", "model"],
             )?,
             prompt_tokens_after: counter(
                 "prompt_tokens_after_total",
-                "Prompt tokens of chat requests as forwarded.",
-                &["model"],
+                "Prompt tokens of requests of compacted routes as forwarded.",
+                &["route", "model"],
             )?,
             tokens_saved: counter(
                 "tokens_saved_total",
                 "Prompt tokens removed by compaction (before minus after).",
-                &["model"],
+                &["route", "model"],
             )?,
             compaction_ratio: plain_histogram(
                 "compaction_ratio",
@@ -497,8 +515,10 @@ impl Metrics {
         for summarizer in ["llm", "extractive"] {
             self.summarizer_duration.with_label_values(&[summarizer]);
         }
-        for outcome in Outcome::ALL {
-            self.chat_requests.with_label_values(&[outcome.as_str()]);
+        for route in Route::COMPACTED {
+            for outcome in Outcome::ALL {
+                self.chat_requests.with_label_values(&[route.as_str(), outcome.as_str()]);
+            }
         }
         for reason in FailureReason::ALL {
             self.summarizer_failures.with_label_values(&[reason.as_str()]);
@@ -550,11 +570,22 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Counts one chat request by what happened to it.
-    pub fn chat_request(&self, outcome: Outcome) {
-        self.per_request.chat_requests[outcome.index()]
-            .get_or_init(|| self.chat_requests.with_label_values(&[outcome.as_str()]))
+    /// Counts one request of a compacted route by what happened to it.
+    pub fn chat_request(&self, route: Route, outcome: Outcome) {
+        self.per_request.chat_requests[route.index()][outcome.index()]
+            .get_or_init(|| {
+                self.chat_requests.with_label_values(&[route.as_str(), outcome.as_str()])
+            })
             .inc();
+    }
+
+    /// Counts the prompt tokens of one request of a compacted route: as received
+    /// (`before`) and as forwarded.
+    pub fn prompt_tokens(&self, route: Route, model: &str, before: u64, forwarded: u64) {
+        let labels = [route.as_str(), model];
+        self.prompt_tokens_before.with_label_values(&labels).inc_by(before);
+        self.prompt_tokens_after.with_label_values(&labels).inc_by(forwarded);
+        self.tokens_saved.with_label_values(&labels).inc_by(before.saturating_sub(forwarded));
     }
 
     /// Counts one compaction by highest tier applied and outcome.
@@ -610,11 +641,15 @@ mod tests {
     fn renders_registered_metrics() {
         let m = Metrics::new().unwrap();
         m.request(Route::ChatCompletions, 200);
-        m.chat_request(Outcome::Compacted);
+        m.chat_request(Route::Responses, Outcome::Compacted);
         let text = String::from_utf8(m.render()).unwrap();
         assert!(text.contains(
             "foldgate_requests_total{route=\"chat_completions\",status_class=\"2xx\"} 1"
         ));
-        assert!(text.contains("foldgate_chat_requests_total{outcome=\"compacted\"} 1"));
+        assert!(
+            text.contains(
+                "foldgate_chat_requests_total{outcome=\"compacted\",route=\"responses\"} 1"
+            )
+        );
     }
 }

@@ -307,6 +307,20 @@ impl ChatRequest {
         Ok(Self { fields: out, messages })
     }
 
+    /// Builds a request from top-level fields as raw JSON text, in order (`messages` is
+    /// added last unless one of them names its place), and messages: how other API shapes
+    /// make their neutral request.
+    pub fn from_raw_fields(
+        mut fields: Vec<(String, Box<RawValue>)>,
+        messages: Vec<Arc<Message>>,
+    ) -> Result<Self, ModelError> {
+        if !fields.iter().any(|(k, _)| k == "messages") {
+            let empty = RawValue::from_string("[]".to_owned()).map_err(ModelError::Serialize)?;
+            fields.push(("messages".to_owned(), empty));
+        }
+        Ok(Self { fields, messages })
+    }
+
     /// The messages.
     pub fn messages(&self) -> &[Arc<Message>] {
         &self.messages

@@ -307,7 +307,8 @@ async fn rare_event_series_exist_from_start_up_at_zero() {
         r#"foldgate_compactions_total{outcome="compacted",tier="4"} 0"#,
         r#"foldgate_overflow_retries_total{result="retried"} 0"#,
         r#"foldgate_summarizer_failures_total{reason="timeout"} 0"#,
-        r#"foldgate_chat_requests_total{outcome="failed_open"} 0"#,
+        r#"foldgate_chat_requests_total{outcome="failed_open",route="chat_completions"} 0"#,
+        r#"foldgate_chat_requests_total{outcome="compacted",route="responses"} 0"#,
         "foldgate_active_sessions 0",
         "foldgate_compaction_ratio_count 0",
     ] {

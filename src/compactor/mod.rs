@@ -69,8 +69,8 @@ impl ChatOutcome {
 pub struct Decision {
     /// What happened.
     pub outcome: ChatOutcome,
-    /// The body to forward when it is not the original.
-    pub rewritten: Option<Bytes>,
+    /// The compacted request to forward, when it is not the original.
+    pub rewritten: Option<Rewritten>,
     /// The engine's report, when the engine ran to the end.
     pub report: Option<Report>,
     /// The session store failed; the request was handled without stored state.
@@ -85,10 +85,20 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// The body to forward: the rewritten one, or `original`.
+    /// The chat-completions body to forward: the rewritten one, or `original`.
     pub fn body(&self, original: &Bytes) -> Bytes {
-        self.rewritten.clone().unwrap_or_else(|| original.clone())
+        self.rewritten.as_ref().map_or_else(|| original.clone(), |r| r.body.clone())
     }
+}
+
+/// A compacted request: the neutral (chat-completions) body the engine wrote, and the
+/// same request structured, from which other API shapes render their own body.
+#[derive(Debug, Clone)]
+pub struct Rewritten {
+    /// The neutral request serialized.
+    pub body: Bytes,
+    /// The neutral request.
+    pub request: Arc<ChatRequest>,
 }
 
 /// Runs the engine per conversation with stored state. Cheap to clone (shared inside).
@@ -444,9 +454,11 @@ impl Inner {
         release(leased).await;
         let (outcome, rewritten, report) = match outcome {
             Outcome::Unchanged { report } => (ChatOutcome::Passthrough, None, report),
-            Outcome::Compacted { body, report, .. } => match self.mode {
+            Outcome::Compacted { body, request, report } => match self.mode {
                 CompactionMode::Enforce => {
-                    (ChatOutcome::Compacted, Some(Bytes::from(body)), report)
+                    let rewritten =
+                        Rewritten { body: Bytes::from(body), request: Arc::new(request) };
+                    (ChatOutcome::Compacted, Some(rewritten), report)
                 }
                 CompactionMode::Observe => (ChatOutcome::Observed, None, report),
             },
@@ -531,6 +543,20 @@ impl Decision {
             outcome: ChatOutcome::Passthrough,
             rewritten: None,
             report: Some(report),
+            store_error: false,
+            error: None,
+            fold_wait: Duration::ZERO,
+            blocked: false,
+        }
+    }
+
+    /// Forwarded as received without running the engine: a request that relies on
+    /// conversation state the provider keeps.
+    pub fn passthrough() -> Self {
+        Self {
+            outcome: ChatOutcome::Passthrough,
+            rewritten: None,
+            report: None,
             store_error: false,
             error: None,
             fold_wait: Duration::ZERO,

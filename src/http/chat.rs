@@ -37,7 +37,7 @@ pub async fn handle<D: Dialect>(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if !conversations.enabled || request.headers().contains_key(SUMMARY_HEADER) {
         if !conversations.enabled {
-            metrics.chat_request(Outcome::Disabled);
+            metrics.chat_request(dialect.route(), Outcome::Disabled);
         }
         return passthrough::forward(upstream, max_body, metrics, request, progress).await;
     }
@@ -54,7 +54,7 @@ pub async fn handle<D: Dialect>(
         conversations.begin(dialect, upstream.name(), &parts.headers, &original, metrics).await;
     let Some(mut turn) = turn else {
         // A body foldgate does not understand goes as it is; the upstream answers.
-        metrics.chat_request(Outcome::NotChat);
+        metrics.chat_request(dialect.route(), Outcome::NotChat);
         let response = send(dialect, upstream, metrics, started, &parts, original).await?;
         return Ok(dialect.tap_usage(client_response(response), metrics, None));
     };

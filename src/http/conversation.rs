@@ -47,14 +47,15 @@ pub struct Conversations {
 }
 
 /// One request of a conversation, from its decision to its recorded outcome.
-pub struct Turn<'a, D> {
+pub struct Turn<'a, D: Dialect> {
     conversations: &'a Conversations,
     dialect: &'a D,
     metrics: &'a Arc<Metrics>,
     headers: &'a HeaderMap,
     original: &'a Bytes,
-    /// The parsed request; `None` when it was decided from its outline.
-    request: Option<Arc<ChatRequest>>,
+    /// The parsed request and the origins of its messages; `None` when it was decided
+    /// from its outline.
+    parsed: Option<(Arc<ChatRequest>, D::Origins)>,
     key: SessionKey,
     model: &'static str,
     model_key: String,
@@ -88,7 +89,7 @@ impl Conversations {
         let mut parsed = None;
         let model_name = match &outline {
             Some(outline) => dialect.outline_model(outline),
-            None => parsed.insert(Arc::new(dialect.parse(original)?)).model(),
+            None => parsed.insert(parse(dialect, original)?).0.model(),
         };
         let model = model_label(model_name.as_deref().unwrap_or_default());
         let model_key = windows::model_key(upstream, model_name.as_deref().unwrap_or_default());
@@ -109,14 +110,19 @@ impl Conversations {
         let (decision, key) = match quick {
             Some(quick) => quick,
             None => {
-                let request = match parsed.take() {
-                    Some(request) => request,
-                    None => Arc::new(dialect.parse(original)?),
+                let (request, origins) = match parsed.take() {
+                    Some(parsed) => parsed,
+                    None => parse(dialect, original)?,
                 };
                 let key = dialect.session_key(headers, session_header, &request);
-                let summarizer = self.timed_summarizer(headers, &request, metrics);
-                let decision = self.decide(&key, &request, summarizer, &options).await;
-                parsed = Some(request);
+                let decision = if dialect.server_state(&origins) {
+                    // The provider holds the conversation: nothing here to compact.
+                    Decision::passthrough()
+                } else {
+                    let summarizer = self.timed_summarizer(headers, &request, metrics);
+                    self.decide(&key, &request, summarizer, &options).await
+                };
+                parsed = Some((request, origins));
                 (decision, key)
             }
         };
@@ -127,7 +133,7 @@ impl Conversations {
             metrics,
             headers,
             original,
-            request: parsed,
+            parsed,
             key,
             model,
             model_key,
@@ -179,9 +185,11 @@ impl Conversations {
 impl<D: Dialect> Turn<'_, D> {
     /// The body to forward: the original bytes, or the rendered compaction.
     pub fn body(&self) -> Bytes {
-        match &self.decision.rewritten {
-            Some(compacted) => self.dialect.render(compacted.clone()),
-            None => self.original.clone(),
+        match (&self.decision.rewritten, &self.parsed) {
+            (Some(compacted), Some((_, origins))) => {
+                self.dialect.render(self.original, origins, compacted)
+            }
+            _ => self.original.clone(),
         }
     }
 
@@ -226,10 +234,14 @@ impl<D: Dialect> Turn<'_, D> {
                 tracing::info!(model = %self.model_key, window, "context window learned from an overflow error");
             }
         }
-        let request = match &self.request {
-            Some(request) => request.clone(),
-            None => Arc::new(self.dialect.parse(self.original)?),
-        };
+        if self.parsed.is_none() {
+            self.parsed = Some(parse(self.dialect, self.original)?);
+        }
+        let (request, origins) = self.parsed.as_ref()?;
+        if self.dialect.server_state(origins) {
+            return None;
+        }
+        let request = request.clone();
         // Forced, to half the usual target, within the window the provider stated (else
         // within the prompt size that it just rejected).
         let mut options = Options::overflow_retry(compactor.engine().config());
@@ -247,14 +259,16 @@ impl<D: Dialect> Turn<'_, D> {
         self.metrics.overflow_retry(OverflowRetry::Retried);
         self.decision = retry;
         self.retried = true;
-        Some(Retry { body: self.dialect.render(compacted), started })
+        let (_, origins) = self.parsed.as_ref()?;
+        Some(Retry { body: self.dialect.render(self.original, origins, &compacted), started })
     }
 
     /// Records what happened to the request in the metrics.
     pub fn record(&self) {
         let (metrics, decision) = (self.metrics, &self.decision);
         let outcome = outcome_label(decision.outcome);
-        metrics.chat_request(outcome);
+        let route = self.dialect.route();
+        metrics.chat_request(route, outcome);
         let sessions = self.conversations.compactor.store().active_sessions();
         metrics.active_sessions.set(i64::try_from(sessions).unwrap_or(i64::MAX));
         let Some(report) = &decision.report else { return };
@@ -262,9 +276,7 @@ impl<D: Dialect> Turn<'_, D> {
         let forwarded =
             if decision.rewritten.is_some() { report.tokens_after as u64 } else { before };
         let model = self.model;
-        metrics.prompt_tokens_before.with_label_values(&[model]).inc_by(before);
-        metrics.prompt_tokens_after.with_label_values(&[model]).inc_by(forwarded);
-        metrics.tokens_saved.with_label_values(&[model]).inc_by(before.saturating_sub(forwarded));
+        metrics.prompt_tokens(route, model, before, forwarded);
         if matches!(decision.outcome, ChatOutcome::Compacted | ChatOutcome::Observed) && before > 0
         {
             metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
@@ -275,6 +287,11 @@ impl<D: Dialect> Turn<'_, D> {
             metrics.artifact_recall.observe(recall);
         }
     }
+}
+
+/// `body` parsed by `dialect`, the request shared with the compaction runtime.
+fn parse<D: Dialect>(dialect: &D, body: &[u8]) -> Option<(Arc<ChatRequest>, D::Origins)> {
+    dialect.parse(body).map(|(request, origins)| (Arc::new(request), origins))
 }
 
 /// The metric label of an outcome.

@@ -1,6 +1,7 @@
 //! The chat-completions dialect (`POST /v1/chat/completions`): the engine's neutral
-//! request is a chat request, so parsing and rendering are the identity; overflow
-//! errors are recognised by code or message, as OpenAI and compatible providers word them.
+//! request is a chat request, so parsing and rendering are the identity (the body the
+//! engine wrote is forwarded, no copy); overflow errors are recognised by code or
+//! message, as OpenAI and compatible providers word them.
 
 use std::sync::Arc;
 
@@ -8,7 +9,9 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 
 use super::Dialect;
+use crate::api;
 use crate::compaction::{Engine, Options, Report};
+use crate::compactor::Rewritten;
 use crate::http::body::ProxyBody;
 use crate::http::session_key::{session_key, session_key_of_outline};
 use crate::http::usage_tap::tapped;
@@ -23,6 +26,7 @@ pub struct ChatCompletions;
 
 impl Dialect for ChatCompletions {
     type Outline<'a> = Outline<'a>;
+    type Origins = ();
 
     fn route(&self) -> Route {
         Route::ChatCompletions
@@ -54,8 +58,8 @@ impl Dialect for ChatCompletions {
         session_key_of_outline(headers, session_header, outline)
     }
 
-    fn parse(&self, body: &[u8]) -> Option<ChatRequest> {
-        ChatRequest::parse(body).ok()
+    fn parse(&self, body: &[u8]) -> Option<(ChatRequest, ())> {
+        api::chat::parse(body).map(|request| (request, ()))
     }
 
     fn session_key(
@@ -67,8 +71,8 @@ impl Dialect for ChatCompletions {
         session_key(headers, session_header, request)
     }
 
-    fn render(&self, compacted: Bytes) -> Bytes {
-        compacted
+    fn render(&self, _original: &Bytes, _origins: &(), compacted: &Rewritten) -> Bytes {
+        compacted.body.clone()
     }
 
     fn may_overflow(&self, status: StatusCode) -> bool {

@@ -16,6 +16,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::body::ProxyBody;
 use crate::compaction::{Engine, Options, Report};
+use crate::compactor::Rewritten;
 use crate::metrics::{Metrics, Route};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
@@ -26,6 +27,11 @@ pub use chat::ChatCompletions;
 pub trait Dialect: Send + Sync + 'static {
     /// What a scan that does not parse reads of a body (fields, message extents).
     type Outline<'a>;
+
+    /// Where the neutral messages of a parsed body came from (the original items that
+    /// rendering writes back byte for byte); `()` for chat completions, whose body is the
+    /// neutral request itself.
+    type Origins: Send + Sync + 'static;
 
     /// The route label of this shape's requests.
     fn route(&self) -> Route;
@@ -53,9 +59,17 @@ pub trait Dialect: Send + Sync + 'static {
         outline: &Self::Outline<'_>,
     ) -> SessionKey;
 
-    /// The body as the engine's neutral request; `None` when it is not a request of this
-    /// shape that foldgate understands (it is then forwarded as it is).
-    fn parse(&self, body: &[u8]) -> Option<ChatRequest>;
+    /// The body as the engine's neutral request and the origins of its messages; `None`
+    /// when it is not a request of this shape that foldgate understands (it is then
+    /// forwarded as it is).
+    fn parse(&self, body: &[u8]) -> Option<(ChatRequest, Self::Origins)>;
+
+    /// True when a parsed request relies on conversation state the provider keeps (e.g.
+    /// a Responses `previous_response_id`): it is forwarded as received, never compacted.
+    fn server_state(&self, origins: &Self::Origins) -> bool {
+        let _ = origins;
+        false
+    }
 
     /// The session key of a parsed request (the same as its outline's).
     fn session_key(
@@ -65,8 +79,10 @@ pub trait Dialect: Send + Sync + 'static {
         request: &ChatRequest,
     ) -> SessionKey;
 
-    /// The body to forward, from the compacted neutral request the engine wrote.
-    fn render(&self, compacted: Bytes) -> Bytes;
+    /// The body to forward for the compacted neutral request the engine wrote, given
+    /// the body as received and the origins its parse gave: every message the engine
+    /// kept as its original item(s), every other field as received.
+    fn render(&self, original: &Bytes, origins: &Self::Origins, compacted: &Rewritten) -> Bytes;
 
     /// True when an answer with `status` may be a context overflow (its body is then
     /// peeked at).
