@@ -10,6 +10,7 @@
 //! written in the shape's own form, and every other top-level field stays as received.
 
 pub mod chat;
+pub mod messages;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -111,6 +111,9 @@ pub struct UpstreamConfig {
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Time allowed from sending the request to receiving response headers.
+    /// Anthropic base URL, as a client would put in `ANTHROPIC_BASE_URL`: foldgate's
+    /// `/v1/messages` (and `/v1/messages/...`) goes to `<anthropic_url>/v1/messages`.
+    pub anthropic_url: String,
     #[serde(with = "humantime_serde")]
     pub first_byte_timeout: Duration,
     /// How long an idle pooled connection is kept.
@@ -130,6 +133,7 @@ impl Default for UpstreamConfig {
             first_byte_timeout: Duration::from_secs(600),
             pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle_per_host: 64,
+            anthropic_url: "https://api.anthropic.com".to_owned(),
             tls_roots: TlsRoots::Webpki,
         }
     }
@@ -274,6 +278,8 @@ impl Config {
             return Err(("server.max_body_size", "must be greater than 0".to_owned()));
         }
         if self.upstream.connect_timeout.is_zero() {
+        crate::config::validate_upstream_url(&self.upstream.anthropic_url)
+            .map_err(|m| ("upstream.anthropic_url", m))?;
             return Err(("upstream.connect_timeout", "must be greater than 0".to_owned()));
         }
         if self.upstream.first_byte_timeout.is_zero() {
@@ -399,6 +405,22 @@ mod tests {
         let err = Config::from_toml_str("", "f", &env(&[("FOLDGATE_LISTEN", "not-an-addr")]))
             .unwrap_err();
         let msg = err.to_string();
+    #[test]
+    fn anthropic_url_comes_from_the_environment_and_is_validated() {
+        assert_eq!(Config::default().upstream.anthropic_url, "https://api.anthropic.com");
+        let c = Config::from_toml_str(
+            "",
+            "f",
+            &env(&[("FOLDGATE_UPSTREAM__ANTHROPIC_URL", "http://127.0.0.1:9/anthropic")]),
+        )
+        .unwrap();
+        assert_eq!(c.upstream.anthropic_url, "http://127.0.0.1:9/anthropic");
+        let err =
+            Config::from_toml_str("[upstream]\nanthropic_url = \"api.anthropic.com\"\n", "f", &[])
+                .unwrap_err();
+        assert!(err.to_string().contains("upstream.anthropic_url"), "{err}");
+    }
+
         assert!(msg.contains("FOLDGATE_LISTEN") && msg.contains("server.listen"), "{msg}");
     }
 

@@ -22,8 +22,10 @@ use crate::metrics::{Metrics, Route};
 
 /// What every request handler shares.
 pub struct AppState {
-    /// The provider requests go to.
+    /// The provider requests go to (`upstream.url`).
     pub upstream: Upstream,
+    /// Where Anthropic Messages requests go (`upstream.anthropic_url`).
+    pub anthropic: Upstream,
     /// `server.max_body_size` in bytes.
     pub max_body: u64,
     /// Listener up and not draining.
@@ -111,6 +113,18 @@ async fn dispatch(
             )
             .await,
         ),
+        // Anthropic's API beside OpenAI's: one foldgate serves both kinds of client.
+        (_, p) if is_anthropic(p) => (
+            Route::Passthrough,
+            passthrough::forward(
+                &state.anthropic,
+                state.max_body,
+                &state.metrics,
+                request,
+                progress.clone(),
+            )
+            .await,
+        ),
         (_, p) if p == "/v1" || p.starts_with("/v1/") => (
             Route::Passthrough,
             passthrough::forward(
@@ -124,6 +138,13 @@ async fn dispatch(
         ),
         _ => (Route::Unknown, Err(ProxyError::NotFound(path.to_owned()))),
     }
+}
+
+/// True for the paths of Anthropic's Messages API (`/v1/messages`,
+/// `/v1/messages/count_tokens`, `/v1/messages/batches...`), which go to
+/// `upstream.anthropic_url`.
+pub fn is_anthropic(path: &str) -> bool {
+    path.strip_prefix("/v1/messages").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// The Prometheus text exposition.
@@ -143,4 +164,19 @@ fn json(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
         .headers_mut()
         .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_anthropic;
+
+    #[test]
+    fn messages_paths_go_to_anthropic() {
+        for path in ["/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches/b1"] {
+            assert!(is_anthropic(path), "{path}");
+        }
+        for path in ["/v1/messagesx", "/v1/chat/completions", "/v1/models", "/messages"] {
+            assert!(!is_anthropic(path), "{path}");
+        }
+    }
 }

@@ -125,11 +125,13 @@ impl Server {
             max_body: config.server.max_body_size.0,
             ready: false.into(),
             chat,
+        let anthropic = Upstream::anthropic(&config.upstream)?;
             metrics,
             metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
                 .then(|| config.metrics.path.clone()),
         });
         let metrics_listener = match listeners.metrics {
+            anthropic,
             Some(listener) => Some((
                 TcpListener::from_std(listener).map_err(|source| ServerError::Bind {
                     addr: config.metrics.listen.unwrap_or(addr),
@@ -300,3 +302,4 @@ async fn sweep_sessions(state: Arc<AppState>) {
         }
     }
 }
+        state.anthropic.close_expired();

@@ -21,6 +21,9 @@ pub enum UpstreamSetupError {
     /// `upstream.url` is not usable.
     #[error("upstream.url: {0}")]
     Url(String),
+    /// `upstream.anthropic_url` is not usable.
+    #[error("upstream.anthropic_url: {0}")]
+    AnthropicUrl(String),
     /// The TLS roots could not be loaded.
     #[error("upstream.tls_roots: {0}")]
     Tls(String),
@@ -32,6 +35,9 @@ pub struct Upstream {
     pool: Arc<ConnectionPool>,
     /// Base path without a trailing slash, e.g. `/v1` or `/api/v1`.
     base_path: String,
+    /// Whether foldgate's `/v1` stays in the upstream path (Anthropic's base URL has no
+    /// `/v1`; OpenAI's has).
+    keep_v1: bool,
     /// `host[:port]/base`, naming the upstream (never its credentials).
     name: String,
     connect_timeout: Duration,
@@ -39,13 +45,28 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the client for `config`, with a connection pool of its own.
+    /// Builds the client of `upstream.url` (`/v1/<rest>` → `<url>/<rest>`), with a
+    /// connection pool of its own.
     pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamSetupError> {
-        let uri: Uri = config.url.parse().map_err(|e| UpstreamSetupError::Url(format!("{e}")))?;
-        let scheme =
-            uri.scheme().cloned().ok_or_else(|| UpstreamSetupError::Url("no scheme".into()))?;
-        let authority =
-            uri.authority().cloned().ok_or_else(|| UpstreamSetupError::Url("no host".into()))?;
+        Self::build(config, &config.url, false, UpstreamSetupError::Url)
+    }
+
+    /// Builds the client of `upstream.anthropic_url` (`/v1/<rest>` →
+    /// `<anthropic_url>/v1/<rest>`, as `ANTHROPIC_BASE_URL` works), with a connection pool
+    /// of its own.
+    pub fn anthropic(config: &UpstreamConfig) -> Result<Self, UpstreamSetupError> {
+        Self::build(config, &config.anthropic_url, true, UpstreamSetupError::AnthropicUrl)
+    }
+
+    fn build(
+        config: &UpstreamConfig,
+        url: &str,
+        keep_v1: bool,
+        invalid: fn(String) -> UpstreamSetupError,
+    ) -> Result<Self, UpstreamSetupError> {
+        let uri: Uri = url.parse().map_err(|e| invalid(format!("{e}")))?;
+        let scheme = uri.scheme().cloned().ok_or_else(|| invalid("no scheme".into()))?;
+        let authority = uri.authority().cloned().ok_or_else(|| invalid("no host".into()))?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let host = authority.as_str().rsplit('@').next().unwrap_or_default();
         let name = format!("{host}{base_path}");
@@ -59,10 +80,11 @@ impl Upstream {
             config.pool_idle_timeout,
             config.pool_max_idle_per_host,
         )
-        .map_err(|e| UpstreamSetupError::Url(e.to_string()))?;
+        .map_err(|e| invalid(e.to_string()))?;
         Ok(Self {
             pool: Arc::new(pool),
             base_path,
+            keep_v1,
             name,
             connect_timeout: config.connect_timeout,
             first_byte_timeout: config.first_byte_timeout,
@@ -74,10 +96,10 @@ impl Upstream {
         &self.name
     }
 
-    /// The upstream URI, in origin form (`/base/rest?query`), for a request to foldgate's
-    /// `path` (which starts with `/v1`).
+    /// The upstream URI, in origin form (`/base/rest?query`, or `/base/v1/rest?query` for
+    /// Anthropic), for a request to foldgate's `path` (which starts with `/v1`).
     pub fn target_uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-        let rest = path.strip_prefix("/v1").unwrap_or(path);
+        let rest = if self.keep_v1 { path } else { path.strip_prefix("/v1").unwrap_or(path) };
         let mut target = String::with_capacity(self.base_path.len() + rest.len() + 1);
         target.push_str(&self.base_path);
         target.push_str(rest);
@@ -157,5 +179,25 @@ mod tests {
         let u = upstream("http://127.0.0.1:9");
         assert_eq!(u.target_uri("/v1/models", None).unwrap().to_string(), "/models");
         assert_eq!(u.target_uri("/v1", None).unwrap().to_string(), "/");
+    }
+
+    #[test]
+    fn anthropic_keeps_v1_after_its_base_path() {
+        let config = |url: &str| UpstreamConfig {
+            anthropic_url: url.to_owned(),
+            ..UpstreamConfig::default()
+        };
+        let u = Upstream::anthropic(&config("https://api.anthropic.com")).unwrap();
+        assert_eq!(u.target_uri("/v1/messages", None).unwrap().to_string(), "/v1/messages");
+        assert_eq!(
+            u.target_uri("/v1/messages/count_tokens", Some("beta=true")).unwrap().to_string(),
+            "/v1/messages/count_tokens?beta=true"
+        );
+        let u = Upstream::anthropic(&config("http://gateway.local/anthropic/")).unwrap();
+        assert_eq!(
+            u.target_uri("/v1/messages", None).unwrap().to_string(),
+            "/anthropic/v1/messages"
+        );
+        assert_ne!(u.name(), upstream("http://gateway.local/v1").name());
     }
 }

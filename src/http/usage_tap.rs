@@ -20,16 +20,18 @@ const MAX_LINE: usize = 1024 * 1024;
 /// Token usage of one response.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
-    /// `prompt_tokens`.
+    /// `prompt_tokens` (Anthropic: `input_tokens` plus the cache read and cache creation
+    /// tokens, which it counts apart).
     pub prompt: u64,
     /// `completion_tokens`.
     pub completion: u64,
-    /// `prompt_tokens_details.cached_tokens`.
+    /// `prompt_tokens_details.cached_tokens` (Anthropic: `cache_read_input_tokens`).
     pub cached: u64,
 }
 
-/// An OpenAI `usage` object: chat completions name the counts prompt/completion, the
-/// Responses API input/output.
+/// A `usage` object: chat completions name the counts prompt/completion, the Responses
+/// API and Anthropic's Messages input/output; Anthropic counts cached prompt tokens
+/// apart from `input_tokens`.
 #[derive(Deserialize)]
 struct UsageFields {
     prompt_tokens: Option<u64>,
@@ -38,6 +40,8 @@ struct UsageFields {
     output_tokens: Option<u64>,
     prompt_tokens_details: Option<Details>,
     input_tokens_details: Option<Details>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -48,10 +52,12 @@ struct Details {
 impl From<UsageFields> for Usage {
     fn from(u: UsageFields) -> Self {
         let details = u.prompt_tokens_details.or(u.input_tokens_details);
+        let read = u.cache_read_input_tokens.unwrap_or(0);
+        let created = u.cache_creation_input_tokens.unwrap_or(0);
         Self {
-            prompt: u.prompt_tokens.or(u.input_tokens).unwrap_or(0),
+            prompt: u.prompt_tokens.or(u.input_tokens).unwrap_or(0) + read + created,
             completion: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
-            cached: details.and_then(|d| d.cached_tokens).unwrap_or(0),
+            cached: details.and_then(|d| d.cached_tokens).unwrap_or(0) + read,
         }
     }
 }
@@ -63,20 +69,27 @@ enum Format {
         frames: Vec<Bytes>,
         len: usize,
     },
-    /// The line being read, and the last complete line that mentions `usage` (parsed
-    /// only at the end, so no chunk waits for JSON parsing).
+    /// The line being read, and the first and last complete lines that mention `usage`
+    /// (parsed only at the end, so no chunk waits for JSON parsing). Anthropic states the
+    /// prompt's usage in the first (`message_start`) and the reply's in the last
+    /// (`message_delta`).
     Sse {
         line: BytesMut,
+        first: Option<Bytes>,
         last: Option<Bytes>,
     },
     Ignored,
 }
+
+/// Called once with a response's usage, after its body ended.
+pub type OnUsage = Box<dyn FnOnce(Usage) + Send>;
 
 /// Records upstream usage into metrics when the response body it watches ends.
 pub struct UsageTap {
     format: Format,
     metrics: Arc<Metrics>,
     model: Option<&'static str>,
+    on_usage: Option<OnUsage>,
 }
 
 impl UsageTap {
@@ -89,15 +102,27 @@ impl UsageTap {
         metrics: Arc<Metrics>,
         model: Option<&'static str>,
     ) -> Observed<Self> {
+        Self::wrap_with(inner, content_type, encoded, metrics, model, None)
+    }
+
+    /// [`UsageTap::wrap`], also handing the usage found to `on_usage` at the end.
+    pub fn wrap_with(
+        inner: ProxyBody,
+        content_type: Option<&str>,
+        encoded: bool,
+        metrics: Arc<Metrics>,
+        model: Option<&'static str>,
+        on_usage: Option<OnUsage>,
+    ) -> Observed<Self> {
         let format = match content_type.unwrap_or("") {
             _ if encoded => Format::Ignored,
             t if t.starts_with("text/event-stream") => {
-                Format::Sse { line: BytesMut::new(), last: None }
+                Format::Sse { line: BytesMut::new(), first: None, last: None }
             }
             t if t.starts_with("application/json") => Format::Json { frames: Vec::new(), len: 0 },
             _ => Format::Ignored,
         };
-        Observed::new(inner, Self { format, metrics, model })
+        Observed::new(inner, Self { format, metrics, model, on_usage })
     }
 
     fn observe(&mut self, data: &Bytes) {
@@ -110,14 +135,18 @@ impl UsageTap {
                     frames.push(data.clone());
                 }
             }
-            Format::Sse { line, last } => {
+            Format::Sse { line, first, last } => {
                 for piece in data.split_inclusive(|b| *b == b'\n') {
                     if line.len() + piece.len() <= MAX_LINE {
                         line.extend_from_slice(piece);
                     }
                     if piece.ends_with(b"\n") {
                         if mentions_usage(line) {
-                            *last = Some(line.split().freeze());
+                            let complete = line.split().freeze();
+                            if first.is_none() {
+                                *first = Some(complete.clone());
+                            }
+                            *last = Some(complete);
                         }
                         line.clear();
                     }
@@ -133,11 +162,26 @@ impl UsageTap {
                 [one] => usage_in(one),
                 many => usage_in(&many.concat()),
             },
-            Format::Sse { line, last } => {
-                sse_usage(line).or_else(|| last.as_deref().and_then(sse_usage))
+            Format::Sse { line, first, last } => {
+                let last = sse_usage(line).or_else(|| last.as_deref().and_then(sse_usage));
+                // A last event without the prompt's usage (Anthropic's `message_delta`):
+                // the prompt's is in the first (`message_start`).
+                match (last, first.as_deref().and_then(sse_usage)) {
+                    (Some((mut usage, model)), Some((start, _))) if usage.prompt == 0 => {
+                        usage.prompt = start.prompt;
+                        usage.cached = start.cached;
+                        Some((usage, model))
+                    }
+                    (last, start) => last.or(start),
+                }
             }
             Format::Ignored => None,
         };
+        if let Some((usage, _)) = found {
+            if let Some(on_usage) = self.on_usage.take() {
+                on_usage(usage);
+            }
+        }
         if let Some((usage, answered_by)) = found {
             let model = self.model.unwrap_or(answered_by);
             let counter =
@@ -162,11 +206,15 @@ fn mentions_usage(line: &[u8]) -> bool {
     line.starts_with(b"data:") && line.windows(7).any(|w| w == b"\"usage\"")
 }
 
-/// The usage in a JSON answer (top-level, or under `response` in Responses API events)
-/// and the normalised model that answered.
+/// The usage in a JSON answer (top-level, under `response` in Responses API events, or
+/// under `message` in Anthropic's `message_start`) and the normalised model that answered.
 fn usage_in(json: &[u8]) -> Option<(Usage, &'static str)> {
     let top = Members::of(json)?;
-    let holder = if top.usage.is_some() { top } else { Members::of(top.response?)? };
+    let holder = match (top.usage, top.response, top.message) {
+        (Some(_), _, _) => top,
+        (None, Some(response), _) => Members::of(response)?,
+        (None, None, message) => Members::of(message?)?,
+    };
     let usage: UsageFields = serde_json::from_slice(holder.usage?).ok()?;
     let model = holder.model.and_then(|raw| serde_json::from_slice::<Cow<'_, str>>(raw).ok());
     Some((usage.into(), model.as_deref().map_or("other", model_label)))
@@ -181,6 +229,7 @@ struct Members<'a> {
     usage: Option<&'a [u8]>,
     model: Option<&'a [u8]>,
     response: Option<&'a [u8]>,
+    message: Option<&'a [u8]>,
 }
 
 impl<'a> Members<'a> {
@@ -212,6 +261,7 @@ impl<'a> Members<'a> {
                 b"usage" => members.usage = value,
                 b"model" => members.model = value,
                 b"response" => members.response = value,
+                b"message" => members.message = value,
                 _ => {}
             }
             i = skip_space(json, value_end);
@@ -295,12 +345,29 @@ pub fn tapped(
     metrics: &Arc<Metrics>,
     model: Option<&'static str>,
 ) -> http::Response<ProxyBody> {
+    tapped_with(response, metrics, model, None)
+}
+
+/// [`tapped`], also handing the usage found to `on_usage` when the body ends.
+pub fn tapped_with(
+    response: http::Response<ProxyBody>,
+    metrics: &Arc<Metrics>,
+    model: Option<&'static str>,
+    on_usage: Option<OnUsage>,
+) -> http::Response<ProxyBody> {
     let headers = response.headers();
     let content_type =
         headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let encoded = headers.contains_key(http::header::CONTENT_ENCODING);
     response.map(|body| {
-        let tap = UsageTap::wrap(body, content_type.as_deref(), encoded, metrics.clone(), model);
+        let tap = UsageTap::wrap_with(
+            body,
+            content_type.as_deref(),
+            encoded,
+            metrics.clone(),
+            model,
+            on_usage,
+        );
         http_body_util::BodyExt::boxed_unsync(tap)
     })
 }
@@ -426,6 +493,32 @@ mod tests {
         assert!(text.contains(&line("prompt", 30)), "{text}");
         assert!(text.contains(&line("completion", 4)));
         assert!(text.contains(&line("cached", 10)));
+    }
+
+    #[tokio::test]
+    async fn reads_anthropic_usage_from_message_start_and_message_delta() {
+        let text = usage_of(
+            "text/event-stream",
+            &[
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"usage\":{\"input_tokens\":40,\"cache_creation_input_tokens\":10,\"cache_read_input_tokens\":50,\"output_tokens\":1}}}\n\n",
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
+                "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":12}}\n\n",
+                "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+            ],
+        )
+        .await;
+        let line = |kind: &str, n: u32| {
+            format!(r#"foldgate_upstream_usage_tokens_total{{kind="{kind}",model="gpt-4o"}} {n}"#)
+        };
+        assert!(text.contains(&line("prompt", 100)), "{text}");
+        assert!(text.contains(&line("cached", 50)), "{text}");
+        assert!(text.contains(&line("completion", 12)), "{text}");
+        // A JSON answer: the cache tokens count as prompt tokens.
+        let json = r#"{"type":"message","usage":{"input_tokens":7,"cache_read_input_tokens":3,"output_tokens":2}}"#;
+        assert_eq!(
+            usage_in(json.as_bytes()).unwrap().0,
+            Usage { prompt: 10, completion: 2, cached: 3 }
+        );
     }
 
     #[test]
