@@ -20,10 +20,21 @@ pub enum Command {
     Serve(ConfigArgs),
     /// Validate the configuration and print it with secrets masked.
     CheckConfig(ConfigArgs),
-    /// Compact one chat-completions request body (dry run): forwarded body on stdout, report on stderr.
+    /// Compact one request body (dry run; chat completions unless `--api` says otherwise): forwarded body on stdout, report on stderr.
     Compact(CompactArgs),
     /// Replay recorded conversations (JSON Lines) through the engine and report the results.
     Replay(ReplayArgs),
+}
+
+/// The API shape of a request body (`--api`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiShape {
+    /// Chat completions.
+    Chat,
+    /// The Responses API.
+    Responses,
+    /// Anthropic Messages.
+    Messages,
 }
 
 /// Where the configuration comes from.
@@ -49,6 +60,9 @@ pub struct CompactArgs {
     /// Write the report to stderr as JSON.
     #[arg(long)]
     pub report_json: bool,
+    /// The API shape of the body.
+    #[arg(long, value_enum, default_value_t = ApiShape::Chat)]
+    pub api: ApiShape,
     /// Request body file; `-` or nothing reads stdin.
     #[arg(value_name = "FILE|-")]
     pub input: Option<PathBuf>,
@@ -69,6 +83,10 @@ pub struct ReplayArgs {
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The API shape of the records: `chat` (`messages`, `tools`, `model`), `responses`
+    /// (a Responses request body: `input`, `instructions`, `tools`, `model`).
+    #[arg(long, value_enum, default_value_t = ApiShape::Chat)]
+    pub api: ApiShape,
     /// Set `max_tokens` (the reply reserve) on every request.
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<usize>,

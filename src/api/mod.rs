@@ -11,6 +11,7 @@
 
 pub mod chat;
 pub mod messages;
+pub mod responses;
 
 use std::ops::Range;
 use std::sync::Arc;

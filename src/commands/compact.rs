@@ -1,9 +1,13 @@
-//! `foldgate compact`: a dry run of the engine on one request body. The body to forward
-//! goes to stdout (JSON only), the report to stderr.
+//! `foldgate compact`: a dry run of the engine on one request body (chat completions, or
+//! with `--api responses` a Responses body). The body to forward goes to stdout (JSON
+//! only), the report to stderr.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
+use bytes::Bytes;
+
+use crate::api::{self, Api};
 use crate::cli::CompactArgs;
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
 use crate::summarizer::ExtractiveSummarizer;
@@ -11,6 +15,10 @@ use crate::summarizer::ExtractiveSummarizer;
 /// Runs `foldgate compact`.
 #[allow(clippy::print_stderr)]
 pub fn run(args: &CompactArgs) -> ExitCode {
+    let api = match super::api_of(args.api, "compact") {
+        Ok(api) => api,
+        Err(code) => return code,
+    };
     let cfg = match super::load_compaction(args.config.config.as_deref()) {
         Ok(c) => c,
         Err(code) => return code,
@@ -32,9 +40,39 @@ pub fn run(args: &CompactArgs) -> ExitCode {
     let engine = Engine::new(cfg);
     let opts = Options { window_cap: args.window, model: args.model.clone(), ..Options::default() };
     let mut state = SessionState::default();
-    let outcome = rt.block_on(engine.compact(&body, &mut state, &ExtractiveSummarizer, &opts));
-    let (out, report) = match &outcome {
-        Ok(Outcome::Unchanged { report }) => (body.as_slice(), report),
+    let body = Bytes::from(body);
+    let compacted = match api {
+        Api::Chat => rt.block_on(engine.compact(&body, &mut state, &ExtractiveSummarizer, &opts)),
+        // `api_of` refuses it until its conversion exists.
+        Api::Messages => return ExitCode::from(2),
+        Api::Responses => {
+            let Some((request, origins)) = api::responses::parse(&body) else {
+                eprintln!(
+                    "foldgate compact: forwarded unchanged: not a Responses request foldgate understands"
+                );
+                let _ = std::io::stdout().write_all(&body);
+                return ExitCode::FAILURE;
+            };
+            if origins.server_state {
+                eprintln!(
+                    "foldgate compact: forwarded unchanged: the request relies on state the \
+                     provider keeps (previous_response_id, conversation or item_reference)"
+                );
+                let _ = std::io::stdout().write_all(&body);
+                return ExitCode::SUCCESS;
+            }
+            let run = engine.compact_request(&request, &mut state, &ExtractiveSummarizer, &opts);
+            rt.block_on(run).map(|outcome| match outcome {
+                Outcome::Compacted { request, report, .. } => {
+                    let body = api::responses::render(&body, &origins, &request).to_vec();
+                    Outcome::Compacted { body, request, report }
+                }
+                unchanged @ Outcome::Unchanged { .. } => unchanged,
+            })
+        }
+    };
+    let (out, report) = match &compacted {
+        Ok(Outcome::Unchanged { report }) => (&body[..], report),
         Ok(Outcome::Compacted { body, report, .. }) => (body.as_slice(), report),
         Err(e) => {
             // Never worse than no proxy: the original is what would be forwarded.

@@ -6,7 +6,28 @@ pub mod replay;
 
 use std::process::ExitCode;
 
+use crate::api::Api;
+use crate::cli::ApiShape;
 use crate::config::{CompactionConfig, Config, ConfigSource, resolve_file};
+
+/// The API shape `--api` names; `Err` (exit code 2, after printing why) for a shape the
+/// offline commands cannot read yet.
+fn api_of(shape: ApiShape, command: &str) -> Result<Api, ExitCode> {
+    match shape {
+        ApiShape::Chat => Ok(Api::Chat),
+        ApiShape::Responses => Ok(Api::Responses),
+        ApiShape::Messages => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!(
+                    "foldgate {command}: --api messages is not yet supported (Anthropic Messages \
+                     bodies are not converted yet); use --api chat or --api responses"
+                );
+            }
+            Err(ExitCode::from(2))
+        }
+    }
+}
 
 /// Loads the `[compaction]` section like `serve` loads the whole file, printing the
 /// error (exit code 2) on failure.

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::cost::{Charge, Entry, Meter, Prompt};
+use crate::api::{self, Api};
 use crate::cli::ReplayArgs;
 use crate::compaction::check::verify;
 use crate::compaction::tokens::{Counter, Encoding, REPLY_PRIMING};
@@ -225,6 +226,38 @@ impl Conversation {
     }
 }
 
+impl Conversation {
+    /// Reads one record that is a Responses request body (`input`, `instructions`,
+    /// `tools`, `model`; with optional `id` and `meta.family`) through the Responses
+    /// conversion: the conversation is its neutral messages.
+    pub fn from_responses(
+        line_text: &str,
+        record: &Value,
+        line: usize,
+        model: Option<&str>,
+    ) -> Result<Self, ReplayError> {
+        let err = |message: &str| ReplayError::Record { line, message: message.to_owned() };
+        let (request, origins) = api::responses::parse(line_text.as_bytes())
+            .ok_or_else(|| err("not a Responses request foldgate understands"))?;
+        if origins.server_state {
+            return Err(err("relies on state the provider keeps (previous_response_id)"));
+        }
+        let mut fields = Map::new();
+        let model = model.map(str::to_owned).or_else(|| request.model());
+        fields.insert("model".into(), Value::String(model.unwrap_or_default()));
+        if let Some(tools) = request.tools() {
+            fields.insert("tools".into(), tools);
+        }
+        let id = record
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("line-{line}"), str::to_owned);
+        let family =
+            record.pointer("/meta/family").and_then(Value::as_str).unwrap_or_default().to_owned();
+        Ok(Self { id, family, fields, messages: request.messages().to_vec() })
+    }
+}
+
 /// Records what a model summarizer sends, for pricing.
 struct Metered<'a> {
     inner: &'a dyn Summarizer,
@@ -383,6 +416,19 @@ pub async fn replay_file(
     summarizer: &SummarizerFor<'_>,
     opts: &ReplayOptions,
 ) -> Result<(Vec<ReplayStats>, ReplayStats), ReplayError> {
+    replay_file_as(Api::Chat, path, engine, summarizer, opts).await
+}
+
+/// [`replay_file`] for records of the API shape `api`: chat records (`messages`), or
+/// Responses request bodies read through their conversion (`Messages` is read as chat
+/// until its conversion exists; `run` refuses it).
+pub async fn replay_file_as(
+    api: Api,
+    path: &std::path::Path,
+    engine: &Engine,
+    summarizer: &SummarizerFor<'_>,
+    opts: &ReplayOptions,
+) -> Result<(Vec<ReplayStats>, ReplayStats), ReplayError> {
     let read_err = |source| ReplayError::Read { path: path.display().to_string(), source };
     let file = std::fs::File::open(path).map_err(read_err)?;
     let mut all = Vec::new();
@@ -394,7 +440,11 @@ pub async fn replay_file(
         }
         let record: Value = serde_json::from_str(&line)
             .map_err(|e| ReplayError::Record { line: n + 1, message: e.to_string() })?;
-        let mut conv = Conversation::from_record(&record, n + 1, opts.engine.model.as_deref())?;
+        let model = opts.engine.model.as_deref();
+        let mut conv = match api {
+            Api::Responses => Conversation::from_responses(&line, &record, n + 1, model)?,
+            Api::Chat | Api::Messages => Conversation::from_record(&record, n + 1, model)?,
+        };
         if let Some(max) = opts.max_tokens {
             conv.fields.insert("max_tokens".into(), Value::from(max));
         }
@@ -512,6 +562,10 @@ pub fn cost_line(total: &ReplayStats, price: f64) -> String {
 /// Runs `foldgate replay`.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &ReplayArgs) -> ExitCode {
+    let api = match super::api_of(args.api, "replay") {
+        Ok(api) => api,
+        Err(code) => return code,
+    };
     let config = match super::load_config(args.config.config.as_deref()) {
         Ok(c) => c,
         Err(code) => return code,
@@ -553,7 +607,8 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
         },
         max_tokens: args.max_tokens,
     };
-    let (all, total) = match rt.block_on(replay_file(&args.file, &engine, &summarizer, &opts)) {
+    let replay = replay_file_as(api, &args.file, &engine, &summarizer, &opts);
+    let (all, total) = match rt.block_on(replay) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("foldgate replay: {e}");

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use super::body::{BodyProgress, ProxyBody, full};
 use super::chat;
 use super::conversation::Conversations;
-use super::dialect::ChatCompletions;
+use super::dialect::{ChatCompletions, Responses};
 use super::error::ProxyError;
 use super::linger::UnreadBody;
 use super::passthrough;
@@ -104,6 +104,19 @@ async fn dispatch(
             Route::ChatCompletions,
             chat::handle(
                 &ChatCompletions,
+                &state.upstream,
+                state.max_body,
+                &state.chat,
+                &state.metrics,
+                request,
+                progress.clone(),
+            )
+            .await,
+        ),
+        (&Method::POST, "/v1/responses") => (
+            Route::Responses,
+            chat::handle(
+                &Responses,
                 &state.upstream,
                 state.max_body,
                 &state.chat,

@@ -8,6 +8,7 @@
 //! the trigger stays as cheap as a direct call.
 
 pub mod chat;
+pub mod responses;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use crate::model::ChatRequest;
 use crate::session::SessionKey;
 
 pub use chat::ChatCompletions;
+pub use responses::Responses;
 
 /// One API shape, as the conversation service and the handler need it.
 pub trait Dialect: Send + Sync + 'static {

@@ -1,0 +1,578 @@
+//! The Responses API (`POST /v1/responses`) as neutral chat messages, and back.
+//!
+//! `instructions` becomes a pinned `system` message made of that field (it is never
+//! written into `input`). `input` is a string (one user message) or a list of items:
+//!
+//! - `message` items (roles `user`, `assistant`, `system`, `developer`) become messages of
+//!   that role; `input_text` / `output_text` parts become text parts, `input_image` image
+//!   parts (for token counting), any other part a text part holding its JSON.
+//! - A call (`function_call`, or any `*_call` item with a `call_id`: custom tools, local
+//!   shell, computer use) becomes a `tool_calls` entry of an assistant message: calls in a
+//!   row share one, and so does an assistant `message` right before them. Its output
+//!   (`*_call_output` with the same `call_id`) becomes a `tool` message. An output whose
+//!   call is not in the run of calls right before it makes the body one foldgate does not
+//!   understand (it is forwarded as received), so a call and its output are never split.
+//! - `reasoning` items and items foldgate cannot read (unknown types, server-side tool
+//!   calls without a `call_id`) travel inside the neutral message of the item after them
+//!   (the last ones inside the message before them): kept or dropped with it, never
+//!   edited. `compaction` items are pinned (`developer` messages holding their JSON).
+//! - `item_reference` items, `previous_response_id` and `conversation` rely on state the
+//!   provider keeps: such a request is forwarded as received ([`Origins::server_state`]).
+//!
+//! Rendering writes every kept neutral message as its original items, byte for byte;
+//! digests become assistant `message` items, a stub of elided output becomes its original
+//! output item with `output` replaced.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
+
+use super::{ListWriter, Origin, Origins, range_in};
+use crate::model::{ChatRequest, Message, Role, call_parts, content_text};
+
+/// The top-level fields conversion reads; every other field stays as received.
+#[derive(Deserialize)]
+struct Top<'a> {
+    #[serde(borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_output_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    previous_response_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    conversation: Option<&'a RawValue>,
+}
+
+/// The body as a neutral request and the origins of its messages; `None` when it is not
+/// a Responses request foldgate understands (forwarded as received then).
+pub fn parse(body: &[u8]) -> Option<(ChatRequest, Origins)> {
+    let top: Top<'_> = serde_json::from_slice(body).ok()?;
+    let input = top.input?;
+    let mut origins = Origins { list: range_in(body, input)?, ..Origins::default() };
+    origins.server_state = top.previous_response_id.is_some() || top.conversation.is_some();
+    let mut builder = Builder::default();
+    if let Some(instructions) = top.instructions {
+        let content = match serde_json::from_str::<Value>(instructions.get()).ok()? {
+            Value::String(s) => Value::String(s),
+            other => Value::String(other.to_string()),
+        };
+        builder.messages.push((json!({"role": "system", "content": content}), 0..0));
+    }
+    if input.get().starts_with('"') {
+        let text: String = serde_json::from_str(input.get()).ok()?;
+        origins.items.push(origins.list.clone());
+        builder.messages.push((json!({"role": "user", "content": text}), 0..1));
+    } else {
+        let items: Vec<&RawValue> = serde_json::from_str(input.get()).ok()?;
+        for (i, raw) in items.iter().enumerate() {
+            origins.items.push(range_in(body, raw)?);
+            let item: Value = serde_json::from_str(raw.get()).ok()?;
+            match builder.item(i, &item)? {
+                Seen::Converted => {}
+                Seen::Reference => origins.server_state = true,
+            }
+        }
+        builder.finish(&items)?;
+    }
+    for (value, items) in builder.messages {
+        let message = Arc::new(Message::from_value(value).ok()?);
+        origins.messages.push(Origin { message, items });
+    }
+    let mut fields = Vec::new();
+    let raw = |v: &RawValue| v.to_owned();
+    if let Some(model) = top.model {
+        fields.push(("model".to_owned(), raw(model)));
+    }
+    if let Some(max) = top.max_output_tokens {
+        fields.push(("max_completion_tokens".to_owned(), raw(max)));
+    }
+    if let Some(tools) = top.tools.and_then(neutral_tools) {
+        fields.push(("tools".to_owned(), tools));
+    }
+    let messages = origins.messages.iter().map(|o| o.message.clone()).collect();
+    let request = ChatRequest::from_raw_fields(fields, messages).ok()?;
+    Some((request, origins))
+}
+
+/// The body to forward for `compacted` (the neutral request the engine wrote from the
+/// one [`parse`] gave): the original body with `input` rewritten, every kept message as
+/// its original items, byte for byte. When every original message is kept, in order,
+/// `original` itself.
+pub fn render(original: &Bytes, origins: &Origins, compacted: &ChatRequest) -> Bytes {
+    let messages = compacted.messages();
+    let matches = origins.match_messages(messages);
+    if origins.all_unchanged(&matches) {
+        return original.clone();
+    }
+    let text_input = original.get(origins.list.start) == Some(&b'"');
+    let mut list = ListWriter::with_capacity(origins.list.len());
+    let mut next = 0;
+    for (message, found) in messages.iter().zip(&matches) {
+        match found {
+            Some(k) => {
+                let origin = &origins.messages[*k];
+                if text_input && !origin.items.is_empty() {
+                    // `input` was a string: the same text as a user message item.
+                    let mut item = b"{\"role\":\"user\",\"content\":".to_vec();
+                    item.extend_from_slice(origins.item(original, 0));
+                    item.push(b'}');
+                    list.push(&item);
+                } else {
+                    list.push_items(origins, original, origin.items.clone());
+                }
+                next = k + 1;
+            }
+            None => write_new(&mut list, origins, original, message, next),
+        }
+    }
+    origins.splice(original, &list.finish())
+}
+
+/// What an item was, beyond its conversion.
+enum Seen {
+    Converted,
+    /// An `item_reference`: the request relies on items the provider stored.
+    Reference,
+}
+
+/// The kinds of items.
+enum Kind<'a> {
+    /// A `message` (or an item with a `role` and no `type`).
+    Message(&'a str),
+    /// A call with a `call_id`.
+    Call { call_id: &'a str },
+    /// A call's output.
+    Output { call_id: &'a str },
+    /// Kept pinned in place (`compaction`).
+    Pinned,
+    /// `reasoning`, and anything foldgate cannot read: carried by a neighbour.
+    Carried,
+    /// `item_reference`.
+    Reference,
+}
+
+fn kind(item: &Value) -> Option<Kind<'_>> {
+    let object = item.as_object()?;
+    let str_of = |k: &str| object.get(k).and_then(Value::as_str);
+    let kind = str_of("type");
+    let call_id = str_of("call_id");
+    Some(match (kind, call_id) {
+        (None | Some("message"), _) => match str_of("role") {
+            Some(role @ ("user" | "assistant" | "system" | "developer")) => Kind::Message(role),
+            _ => Kind::Carried,
+        },
+        (Some("item_reference"), _) => Kind::Reference,
+        (Some(t), _) if t.starts_with("compaction") => Kind::Pinned,
+        (Some(t), Some(call_id)) if t.ends_with("_call_output") => Kind::Output { call_id },
+        (Some(t), Some(call_id)) if t.ends_with("_call") => Kind::Call { call_id },
+        _ => Kind::Carried,
+    })
+}
+
+/// The neutral messages being built, each with the items it came from.
+#[derive(Default)]
+struct Builder {
+    messages: Vec<(Value, Range<usize>)>,
+    /// The first item waiting to travel with the next message.
+    pending: Option<usize>,
+    /// The assistant message that calls in a row join, with the `call_id`s it made and
+    /// whether outputs have started (a call after an output starts a new message).
+    open: Option<(usize, Vec<String>, bool)>,
+}
+
+impl Builder {
+    fn item(&mut self, i: usize, item: &Value) -> Option<Seen> {
+        match kind(item)? {
+            Kind::Reference => {
+                self.pending.get_or_insert(i);
+                return Some(Seen::Reference);
+            }
+            Kind::Carried => {
+                self.pending.get_or_insert(i);
+            }
+            Kind::Pinned => {
+                let content = item.to_string();
+                self.push(json!({"role": "developer", "content": content}), i);
+                self.open = None;
+            }
+            Kind::Message(role) => {
+                let content = neutral_content(item.get("content"));
+                let at = self.push(json!({"role": role, "content": content}), i);
+                self.open = (role == "assistant").then(|| (at, Vec::new(), false));
+            }
+            Kind::Call { call_id } => {
+                let (name, arguments) = call_of(item);
+                let call = json!({
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                });
+                let start = self.pending.take().unwrap_or(i);
+                match &mut self.open {
+                    Some((at, calls, false)) if self.messages[*at].1.end == start => {
+                        let (message, items) = &mut self.messages[*at];
+                        let object = message.as_object_mut()?;
+                        let list = object.entry("tool_calls").or_insert_with(|| json!([]));
+                        list.as_array_mut()?.push(call);
+                        items.end = i + 1;
+                        calls.push(call_id.to_owned());
+                    }
+                    _ => {
+                        let message =
+                            json!({"role": "assistant", "content": null, "tool_calls": [call]});
+                        self.messages.push((message, start..i + 1));
+                        self.open =
+                            Some((self.messages.len() - 1, vec![call_id.to_owned()], false));
+                    }
+                }
+            }
+            Kind::Output { call_id } => {
+                let (_, calls, answered) = self.open.as_mut()?;
+                if !calls.iter().any(|c| c == call_id) {
+                    return None;
+                }
+                *answered = true;
+                let content = neutral_output(item.get("output"));
+                let message = json!({"role": "tool", "tool_call_id": call_id, "content": content});
+                let start = self.pending.take().unwrap_or(i);
+                self.messages.push((message, start..i + 1));
+            }
+        }
+        Some(Seen::Converted)
+    }
+
+    /// Pushes a message made of item `i` and the items waiting before it; its index.
+    fn push(&mut self, message: Value, i: usize) -> usize {
+        let start = self.pending.take().unwrap_or(i);
+        self.messages.push((message, start..i + 1));
+        self.messages.len() - 1
+    }
+
+    /// Items still waiting at the end travel with the last message (or, when there is
+    /// none, are pinned together).
+    fn finish(&mut self, items: &[&RawValue]) -> Option<()> {
+        let Some(start) = self.pending.take() else { return Some(()) };
+        let end = items.len();
+        match self.messages.iter_mut().rev().find(|(_, r)| !r.is_empty()) {
+            Some((_, range)) if range.end == start => range.end = end,
+            _ => {
+                let text: Vec<&str> = items.get(start..end)?.iter().map(|r| r.get()).collect();
+                let message = json!({"role": "developer", "content": text.join("\n")});
+                self.messages.push((message, start..end));
+            }
+        }
+        Some(())
+    }
+}
+
+/// `(name, arguments)` of a call item: a function's name and arguments; for other calls
+/// the item's `name` or type, and its `input`, `arguments` or `action` as text.
+fn call_of(item: &Value) -> (String, String) {
+    let text = |k: &str| item.get(k).and_then(Value::as_str).map(str::to_owned);
+    let name = text("name").or_else(|| text("type")).unwrap_or_default();
+    let arguments = text("arguments")
+        .or_else(|| text("input"))
+        .or_else(|| item.get("action").map(Value::to_string))
+        .unwrap_or_default();
+    (name, arguments)
+}
+
+/// A message item's content as chat content.
+fn neutral_content(content: Option<&Value>) -> Value {
+    match content {
+        Some(Value::String(s)) => Value::String(s.clone()),
+        Some(Value::Array(parts)) => Value::Array(parts.iter().map(neutral_part).collect()),
+        Some(Value::Null) | None => Value::Null,
+        Some(other) => Value::String(other.to_string()),
+    }
+}
+
+/// A call output as chat tool content.
+fn neutral_output(output: Option<&Value>) -> Value {
+    match output {
+        Some(Value::Null) | None => Value::String(String::new()),
+        other => neutral_content(other),
+    }
+}
+
+fn neutral_part(part: &Value) -> Value {
+    let field = |k: &str| part.get(k).cloned().unwrap_or_else(|| Value::String(String::new()));
+    match part.get("type").and_then(Value::as_str) {
+        Some("input_text" | "output_text" | "text") => {
+            json!({"type": "text", "text": field("text")})
+        }
+        Some("refusal") => json!({"type": "text", "text": field("refusal")}),
+        Some("input_image") => {
+            let url = part.get("image_url").or_else(|| part.get("file_id"));
+            let mut image = Map::new();
+            image.insert("url".to_owned(), url.cloned().unwrap_or_else(|| json!("")));
+            if let Some(detail) = part.get("detail") {
+                image.insert("detail".to_owned(), detail.clone());
+            }
+            json!({"type": "image_url", "image_url": image})
+        }
+        _ => json!({"type": "text", "text": part.to_string()}),
+    }
+}
+
+/// The `tools` as chat-completions function tools, for counting and for a summarizer
+/// call that shares the conversation's prefix: function tools as themselves, any other
+/// tool as a function named after it whose description is its JSON (so it is counted).
+/// `None` when `tools` is not a list.
+fn neutral_tools(raw: &RawValue) -> Option<Box<RawValue>> {
+    let tools: Vec<Value> = serde_json::from_str(raw.get()).ok()?;
+    let mut names = HashSet::new();
+    let converted: Vec<Value> = tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            let text = |k: &str| tool.get(k).and_then(Value::as_str);
+            let function = text("type") == Some("function");
+            let base = text("name").or_else(|| text("server_label")).or_else(|| text("type"));
+            let mut name = base.unwrap_or("tool").to_owned();
+            if !names.insert(name.clone()) {
+                name = format!("{name}_{i}");
+                names.insert(name.clone());
+            }
+            let mut f = Map::new();
+            f.insert("name".to_owned(), Value::String(name));
+            if function {
+                for key in ["description", "parameters", "strict"] {
+                    if let Some(v) = tool.get(key).filter(|v| !v.is_null()) {
+                        f.insert(key.to_owned(), v.clone());
+                    }
+                }
+            } else {
+                f.insert("description".to_owned(), Value::String(tool.to_string()));
+            }
+            json!({"type": "function", "function": f})
+        })
+        .collect();
+    RawValue::from_string(serde_json::to_string(&converted).ok()?).ok()
+}
+
+/// Writes a message the engine wrote as Responses items.
+fn write_new(
+    list: &mut ListWriter,
+    origins: &Origins,
+    original: &[u8],
+    message: &Message,
+    next: usize,
+) {
+    let role = message.value().get("role").and_then(Value::as_str).unwrap_or("user");
+    match message.role() {
+        Role::Tool | Role::Function => write_output(list, origins, original, message, next),
+        Role::Assistant if message.makes_calls() => {
+            let text = message.text();
+            if !text.is_empty() {
+                list.push_value(&json!({"type": "message", "role": "assistant", "content": text}));
+            }
+            for call in message.tool_calls() {
+                let (id, name, arguments) = call_parts(call);
+                list.push_value(&json!({
+                    "type": "function_call",
+                    "call_id": id,
+                    "name": name,
+                    "arguments": arguments,
+                }));
+            }
+        }
+        Role::Assistant => {
+            let text = message.text();
+            list.push_value(&json!({"type": "message", "role": "assistant", "content": text}));
+        }
+        _ => {
+            let content = input_content(message.content());
+            list.push_value(&json!({"type": "message", "role": role, "content": content}));
+        }
+    }
+}
+
+/// Writes a tool message the engine changed (a stub of elided output): the items of the
+/// original output it replaces, with that output item's `output` replaced; without one,
+/// a `function_call_output`.
+fn write_output(
+    list: &mut ListWriter,
+    origins: &Origins,
+    original: &[u8],
+    message: &Message,
+    next: usize,
+) {
+    let id = message.tool_call_id().unwrap_or_default();
+    let output = match message.content() {
+        Some(Value::String(s)) => s.clone(),
+        other => content_text(other),
+    };
+    let answers = |k: &usize| {
+        let m = &origins.messages[*k].message;
+        m.role() == Role::Tool && m.tool_call_id() == Some(id)
+    };
+    let n = origins.messages.len();
+    let template = (next..n).find(answers).or_else(|| (0..next.min(n)).rev().find(answers));
+    let Some(k) = template else {
+        list.push_value(&json!({"type": "function_call_output", "call_id": id, "output": output}));
+        return;
+    };
+    for i in origins.messages[k].items.clone() {
+        let raw = origins.item(original, i);
+        let replaced = serde_json::from_slice::<Value>(raw).ok().and_then(|mut item| {
+            let is_output = item.get("call_id").and_then(Value::as_str) == Some(id)
+                && item.get("type").and_then(Value::as_str).is_some_and(|t| t.ends_with("_output"));
+            is_output.then(|| {
+                item["output"] = Value::String(output.clone());
+                item
+            })
+        });
+        match replaced {
+            Some(item) => list.push_value(&item),
+            None => list.push(raw),
+        }
+    }
+}
+
+/// Chat content as the content of a Responses input message.
+fn input_content(content: Option<&Value>) -> Value {
+    let Some(Value::Array(parts)) = content else {
+        return Value::String(content_text(content));
+    };
+    let parts = parts
+        .iter()
+        .map(|part| match part.get("type").and_then(Value::as_str) {
+            Some("text") => json!({"type": "input_text", "text": part.get("text")}),
+            Some("image_url") => {
+                let image = part.get("image_url");
+                let url = image.and_then(|i| i.get("url")).cloned().unwrap_or(Value::Null);
+                let detail = image.and_then(|i| i.get("detail")).cloned();
+                json!({"type": "input_image", "image_url": url, "detail": detail.unwrap_or_else(|| json!("auto"))})
+            }
+            _ => part.clone(),
+        })
+        .collect();
+    Value::Array(parts)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn round_trip(body: &[u8]) -> (ChatRequest, Origins) {
+        let (request, origins) = parse(body).expect("parses");
+        let original = Bytes::copy_from_slice(body);
+        assert_eq!(render(&original, &origins, &request), original);
+        (request, origins)
+    }
+
+    #[test]
+    fn a_string_input_is_one_user_message() {
+        let (request, origins) =
+            round_trip(br#"{"model":"gpt-5","instructions":"Be brief.","input":"hi"}"#);
+        let roles: Vec<Role> = request.messages().iter().map(|m| m.role()).collect();
+        assert_eq!(roles, [Role::System, Role::User]);
+        assert_eq!(request.messages()[1].text(), "hi");
+        assert!(!origins.server_state);
+        assert_eq!(request.model().as_deref(), Some("gpt-5"));
+    }
+
+    #[test]
+    fn calls_outputs_and_reasoning_map_to_units() {
+        let body = br#"{"model":"gpt-5","max_output_tokens":500,"input":[
+            {"type":"message","role":"user","content":[{"type":"input_text","text":"fix it"}]},
+            {"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAA"},
+            {"type":"function_call","call_id":"c1","name":"sh","arguments":"{\"cmd\":\"ls\"}"},
+            {"type":"function_call","call_id":"c2","name":"sh","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c1","output":"a.rs"},
+            {"type":"function_call_output","call_id":"c2","output":"b.rs"},
+            {"type":"web_search_call","id":"ws_1","status":"completed"},
+            {"type":"message","role":"assistant","content":[{"type":"output_text","text":"done","annotations":[]}]},
+            {"type":"custom_tool_call","call_id":"c3","name":"apply_patch","input":"*** Begin"},
+            {"type":"custom_tool_call_output","call_id":"c3","output":"ok"}
+        ],"tools":[{"type":"function","name":"sh","parameters":{}},{"type":"web_search"}],"store":false}"#;
+        let (request, origins) = round_trip(body);
+        let m = request.messages();
+        let roles: Vec<Role> = m.iter().map(|m| m.role()).collect();
+        use Role::{Assistant, Tool, User};
+        assert_eq!(roles, [User, Assistant, Tool, Tool, Assistant, Tool]);
+        assert_eq!(m[1].tool_calls().len(), 2);
+        assert_eq!(origins.messages[1].items, 1..4, "reasoning travels with its calls");
+        assert_eq!(origins.messages[4].items, 6..9, "unknown item and message and call");
+        assert_eq!(m[4].tool_calls().len(), 1);
+        assert_eq!(request.max_reply_tokens(), Some(500));
+        assert!(request.tools_raw().unwrap().contains("\"function\":{\"name\":\"sh\""));
+    }
+
+    #[test]
+    fn an_output_without_its_call_is_not_understood() {
+        assert!(
+            parse(br#"{"input":[{"type":"function_call_output","call_id":"x","output":""}]}"#)
+                .is_none()
+        );
+        assert!(parse(br#"{"model":"m"}"#).is_none());
+        assert!(parse(b"[]").is_none());
+    }
+
+    #[test]
+    fn server_state_is_recognised() {
+        let (_, o) = parse(br#"{"previous_response_id":"resp_1","input":"go on"}"#).unwrap();
+        assert!(o.server_state);
+        let (_, o) = parse(br#"{"input":[{"type":"item_reference","id":"msg_1"}]}"#).unwrap();
+        assert!(o.server_state);
+        let (_, o) = parse(br#"{"previous_response_id":null,"input":"hi"}"#).unwrap();
+        assert!(!o.server_state);
+    }
+
+    #[test]
+    fn compaction_items_are_pinned_and_kept_byte_for_byte() {
+        let body = br#"{"input":[ {"type":"compaction","id":"cmp_1","encrypted_content":"zzz"} ,{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
+        let (request, origins) = round_trip(body);
+        assert_eq!(request.messages()[0].role(), Role::Developer);
+        // Drop the middle two: the pinned item and the last user message stay as received.
+        let kept = vec![request.messages()[0].clone(), request.messages()[3].clone()];
+        let out = render(&Bytes::copy_from_slice(body), &origins, &request.with_messages(kept));
+        assert_eq!(
+            &out[..],
+            br#"{"input":[{"type":"compaction","id":"cmp_1","encrypted_content":"zzz"},{"role":"user","content":"c"}]}"#
+        );
+    }
+
+    #[test]
+    fn new_messages_are_written_as_items_and_stubs_keep_their_output_item() {
+        let body = br#"{"model":"m","input":[{"role":"user","content":"go"},{"type":"function_call","call_id":"c1","name":"sh","arguments":"{}","id":"fc_1"},{"type":"function_call_output","call_id":"c1","output":"long output","id":"fco_1"},{"role":"user","content":"next"}],"stream":true}"#;
+        let (request, origins) = parse(body).unwrap();
+        let m = request.messages();
+        let digest = Message::from_value(
+            json!({"role":"assistant","content":"[COMPACTED CONTEXT] I ran sh."}),
+        )
+        .unwrap();
+        let stub =
+            Message::from_value(json!({"role":"tool","tool_call_id":"c1","content":"[elided]"}))
+                .unwrap();
+        let forwarded =
+            vec![m[0].clone(), Arc::new(digest), m[1].clone(), Arc::new(stub), m[3].clone()];
+        let out =
+            render(&Bytes::copy_from_slice(body), &origins, &request.with_messages(forwarded));
+        let expected = br#"{"model":"m","input":[{"role":"user","content":"go"},{"type":"message","role":"assistant","content":"[COMPACTED CONTEXT] I ran sh."},{"type":"function_call","call_id":"c1","name":"sh","arguments":"{}","id":"fc_1"},{"type":"function_call_output","call_id":"c1","output":"[elided]","id":"fco_1"},{"role":"user","content":"next"}],"stream":true}"#;
+        assert_eq!(std::str::from_utf8(&out).unwrap(), std::str::from_utf8(expected).unwrap());
+    }
+
+    #[test]
+    fn trailing_unreadable_items_stay_with_the_message_before_them() {
+        let body = br#"{"input":[{"role":"user","content":"a"},{"type":"reasoning","id":"rs"}]}"#;
+        let (_, origins) = round_trip(body);
+        assert_eq!(origins.messages[0].items, 0..2);
+        let (request, origins) = round_trip(br#"{"input":[{"type":"mystery"}]}"#);
+        assert_eq!(request.messages()[0].role(), Role::Developer);
+        assert_eq!(origins.messages[0].items, 0..1);
+    }
+}

@@ -1,0 +1,410 @@
+//! The Responses API (`POST /v1/responses`) through foldgate: the conversion of items to
+//! neutral messages and back (engine level), and the official `openai` Python SDK's
+//! `client.responses.create`, plain and streamed, against a recording mock provider.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    missing_docs
+)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use foldgate::api::responses::{parse, render};
+use foldgate::compaction::{Engine, Options, Outcome, SessionState};
+use foldgate::config::CompactionConfig;
+use foldgate::model::DIGEST_MARKER;
+use foldgate::summarizer::ExtractiveSummarizer;
+use http::Request;
+use serde_json::{Value, json};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_responses_check.py");
+
+/// An encrypted blob as the API returns them (opaque to foldgate).
+fn blob(seed: usize) -> String {
+    (0..240).map(|i| char::from(b'A' + ((i * 7 + seed * 13) % 26) as u8)).collect()
+}
+
+/// A Codex-like session as Responses items: a compaction item from an earlier
+/// server-side compaction, the task, then rounds of encrypted reasoning, a shell call and
+/// its sizeable output, with a short user remark every fifth round.
+fn session_items(rounds: usize) -> Vec<Value> {
+    let mut items = vec![
+        json!({"type": "compaction", "id": "cmp_0", "encrypted_content": blob(0)}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text",
+            "text": "Fix the failing test in src/parser.rs. Never touch Cargo.lock."}]}),
+    ];
+    for round in 0..rounds {
+        items.extend(round_items(round));
+        if round % 5 == 4 {
+            items.push(
+                json!({"type": "message", "role": "assistant", "id": format!("msg_{round}"),
+                "status": "completed", "content": [{"type": "output_text",
+                "text": format!("Read module {round}; continuing."), "annotations": []}]}),
+            );
+            items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text",
+                "text": format!("Remark {round}: keep the public API of module {round} stable.")}]}));
+        }
+    }
+    items
+}
+
+fn round_items(round: usize) -> Vec<Value> {
+    let call_id = format!("call_{round}");
+    let mut output = String::new();
+    for line in 0..30 {
+        output.push_str(&format!(
+            "fn item_{round}_{line}(x: u32) -> u32 {{ x * {line} + {round} }}\n"
+        ));
+    }
+    vec![
+        json!({"type": "reasoning", "id": format!("rs_{round}"), "summary": [],
+            "encrypted_content": blob(round + 1)}),
+        json!({"type": "function_call", "id": format!("fc_{round}"), "call_id": call_id,
+            "name": "shell", "arguments": json!({"cmd": ["cat", format!("src/module_{round}.rs")]}).to_string(),
+            "status": "completed"}),
+        json!({"type": "function_call_output", "call_id": call_id, "output": output}),
+    ]
+}
+
+fn body_of(items: &[Value], extra: &[(&str, Value)]) -> Bytes {
+    let mut body = serde_json::Map::new();
+    body.insert("model".into(), json!("gpt-4.1"));
+    body.insert("instructions".into(), json!("You are a careful coding agent."));
+    body.insert("input".into(), Value::Array(items.to_vec()));
+    body.insert(
+        "tools".into(),
+        json!([{"type": "function", "name": "shell",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "array"}}}}]),
+    );
+    body.insert("max_output_tokens".into(), json!(512));
+    body.insert("store".into(), json!(false));
+    for (k, v) in extra {
+        body.insert((*k).into(), v.clone());
+    }
+    Bytes::from(serde_json::to_vec(&Value::Object(body)).unwrap())
+}
+
+/// The raw text of every `input` item of `body`, as sent.
+fn raw_items(body: &[u8]) -> Vec<Vec<u8>> {
+    let (_, origins) = parse(body).expect("a Responses body");
+    (0..origins.items.len()).map(|i| origins.item(body, i).to_vec()).collect()
+}
+
+/// Checks a forwarded Responses body against the one sent: every other field unchanged,
+/// every call answered right after it and every output answering a call, small user
+/// messages verbatim, every item of the original kept byte for byte or written by
+/// foldgate (digests, stubs), reasoning and compaction items never edited.
+fn check_forwarded(sent: &[u8], forwarded: &[u8]) {
+    let (sent_v, fwd_v) = (json(sent), json(forwarded));
+    for (k, v) in sent_v.as_object().unwrap() {
+        if k != "input" {
+            assert_eq!(&fwd_v[k], v, "field {k} unchanged");
+        }
+    }
+    let sent_raw = raw_items(sent);
+    let originals: HashSet<&[u8]> = sent_raw.iter().map(Vec::as_slice).collect();
+    let items = fwd_v["input"].as_array().unwrap();
+    let mut open: Vec<&str> = Vec::new();
+    let mut reasoning_kept = 0;
+    for (item, raw) in items.iter().zip(raw_items(forwarded)) {
+        let kind = item["type"].as_str().unwrap_or("message");
+        match kind {
+            "function_call" => open.push(item["call_id"].as_str().unwrap()),
+            "function_call_output" => {
+                let id = item["call_id"].as_str().unwrap();
+                assert!(open.contains(&id), "output {id} answers a call before it");
+            }
+            _ => open.clear(),
+        }
+        let written_here = kind == "function_call_output"
+            || item["content"].as_str().is_some_and(|t| t.starts_with(DIGEST_MARKER));
+        assert!(
+            originals.contains(raw.as_slice()) || written_here,
+            "an item of the original, byte for byte: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        if matches!(kind, "reasoning" | "compaction") {
+            assert!(originals.contains(raw.as_slice()), "{kind} kept byte for byte");
+            reasoning_kept += usize::from(kind == "reasoning");
+        }
+    }
+    assert!(reasoning_kept > 0, "the kept calls keep their reasoning items");
+    // Calls are answered: every call in the forwarded input has its output.
+    let outputs: HashSet<&str> = items
+        .iter()
+        .filter(|i| i["type"] == "function_call_output")
+        .map(|i| i["call_id"].as_str().unwrap())
+        .collect();
+    for call in items.iter().filter(|i| i["type"] == "function_call") {
+        assert!(outputs.contains(call["call_id"].as_str().unwrap()), "call answered");
+    }
+    // Small user messages are forwarded verbatim.
+    let forwarded_raw: HashSet<Vec<u8>> = raw_items(forwarded).into_iter().collect();
+    for (item, raw) in sent_v["input"].as_array().unwrap().iter().zip(&sent_raw) {
+        if item["role"] == "user" {
+            assert!(forwarded_raw.contains(raw), "user message kept: {item}");
+        }
+    }
+    // The compaction item stays first, as received.
+    if let Some(first) = sent_raw.first().filter(|r| r.windows(12).any(|w| w == b"\"compaction\""))
+    {
+        assert_eq!(raw_items(forwarded).first(), Some(first), "compaction item pinned");
+    }
+}
+
+#[test]
+fn parse_then_render_without_compaction_gives_the_original_bytes() {
+    let mut items = session_items(12);
+    items.push(json!({"type": "web_search_call", "id": "ws_1", "status": "completed"}));
+    items.push(json!({"type": "message", "role": "assistant", "content": "done"}));
+    items.push(json!({"type": "custom_tool_call", "call_id": "c9", "name": "apply_patch", "input": "*** Begin Patch"}));
+    items.push(json!({"type": "custom_tool_call_output", "call_id": "c9", "output": "Done!"}));
+    items.push(
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "see"},
+        {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "low"}]}),
+    );
+    for body in [
+        body_of(&items, &[("stream", json!(true)), ("x_vendor", json!({"b": [1.0, 2]}))]),
+        Bytes::from_static(br#"{ "model" : "gpt-5", "input" : "hi there" , "instructions": null }"#),
+        Bytes::from_static(b"{\"input\": [ {\"role\":\"user\",\"content\":\"a\"} ,\n {\"type\":\"reasoning\",\"id\":\"rs\",\"encrypted_content\":\"x\"} ]}"),
+    ] {
+        let (request, origins) = parse(&body).unwrap();
+        assert_eq!(render(&body, &origins, &request), body);
+        // Every message rebuilt from its value (new allocations, same bytes) too.
+        let copies = request
+            .messages()
+            .iter()
+            .map(|m| Arc::new(foldgate::model::Message::from_value(m.value().clone()).unwrap()))
+            .collect();
+        assert_eq!(render(&body, &origins, &request.with_messages(copies)), body);
+    }
+}
+
+#[tokio::test]
+async fn the_engine_compacts_a_long_session_and_rendering_keeps_items_whole() {
+    let body = body_of(&session_items(40), &[]);
+    let (request, origins) = parse(&body).unwrap();
+    assert!(!origins.server_state);
+    let cfg = CompactionConfig { max_context_tokens: Some(12_000), ..Default::default() };
+    let engine = Engine::new(cfg);
+    let mut state = SessionState::default();
+    let outcome = engine
+        .compact_request(&request, &mut state, &ExtractiveSummarizer, &Options::default())
+        .await
+        .unwrap();
+    let Outcome::Compacted { request: compacted, report, .. } = outcome else {
+        panic!("a 40-round session is over a 12k window");
+    };
+    assert!(report.tokens_after <= report.budget.budget, "{report:?}");
+    let forwarded = render(&body, &origins, &compacted);
+    assert!(forwarded.len() < body.len());
+    check_forwarded(&body, &forwarded);
+    // A digest went in, as an assistant message item.
+    let input = json(&forwarded)["input"].as_array().unwrap().clone();
+    assert!(input.iter().any(|i| i["role"] == "assistant"
+        && i["content"].as_str().is_some_and(|t| t.starts_with(DIGEST_MARKER))));
+}
+
+/// A mock Responses provider: a digest for summarizer calls, SSE for `"stream": true`,
+/// a 400 `invalid_encrypted_content` when an item's encrypted content is `INVALID`, a
+/// response object otherwise.
+fn responses_provider() -> Handler {
+    const USAGE: &str = r#"{"input_tokens":100,"input_tokens_details":{"cached_tokens":40},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":101}"#;
+    fn response_object(status: &str, usage: &str) -> String {
+        format!(
+            r#"{{"id":"resp_1","object":"response","created_at":1700000000,"status":"{status}","model":"gpt-4.1","output":[{{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{{"type":"output_text","text":"ok","annotations":[]}}]}}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{usage}}}"#
+        )
+    }
+    Arc::new(|rec: Recorded| {
+        Box::pin(async move {
+            if rec.headers.contains_key("x-foldgate-summary") {
+                let body = json!({"choices": [{"index": 0, "message": {"role": "assistant",
+                    "content": "## Milestones\n- I read the modules."}}]});
+                return response(200, body.to_string());
+            }
+            if memchr::memmem::find(&rec.body, b"\"INVALID\"").is_some() {
+                let mut r = response(400, INVALID_ENCRYPTED);
+                r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                return r;
+            }
+            let request: Value = serde_json::from_slice(&rec.body).unwrap_or(Value::Null);
+            if request["stream"] == json!(true) {
+                let events = [
+                    ("response.created", format!(r#"{{"type":"response.created","sequence_number":0,"response":{}}}"#, response_object("in_progress", "null"))),
+                    ("response.output_text.delta", r#"{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"ok","logprobs":[]}"#.to_owned()),
+                    ("response.completed", format!(r#"{{"type":"response.completed","sequence_number":2,"response":{}}}"#, response_object("completed", USAGE))),
+                ];
+                let text: String =
+                    events.iter().map(|(e, d)| format!("event: {e}\ndata: {d}\n\n")).collect();
+                let mut r = response(200, text);
+                r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+                return r;
+            }
+            let mut r = response(200, response_object("completed", USAGE));
+            r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+            r
+        })
+    })
+}
+
+const INVALID_ENCRYPTED: &str = r#"{"error":{"message":"The encrypted content for item rs_bad could not be verified.","type":"invalid_request_error","param":null,"code":"invalid_encrypted_content"}}"#;
+
+fn responses_config(upstream: &str) -> foldgate::config::Config {
+    let mut config = config_for(upstream);
+    config.compaction.max_context_tokens = Some(12_000);
+    // Deterministic digests: every request over the trigger is compacted inline.
+    config.summarizer.kind = foldgate::config::SummarizerKind::Extractive;
+    config
+}
+
+fn post_responses(proxy: &Proxy, body: Bytes) -> Request<TestBody> {
+    Request::post(proxy.url("/v1/responses"))
+        .header("authorization", "Bearer sk-r")
+        .header("x-session-id", "s")
+        .header("content-type", "application/json")
+        .body(full(body))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn requests_below_the_trigger_and_with_server_state_are_forwarded_byte_for_byte() {
+    let mock = MockUpstream::start(responses_provider()).await;
+    let proxy = Proxy::start(responses_config(&mock.url())).await;
+    let small = body_of(&session_items(2), &[]);
+    let stateful = body_of(&session_items(40), &[("previous_response_id", json!("resp_0"))]);
+    for (body, outcome) in [(small, "passthrough"), (stateful, "passthrough")] {
+        let (status, headers, _) = send(post_responses(&proxy, body.clone())).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["x-foldgate-outcome"], outcome);
+        assert_eq!(mock.recorded().last().unwrap().body, body, "forwarded byte for byte");
+    }
+    // A long one is compacted, within the budget.
+    let long = body_of(&session_items(40), &[]);
+    let (status, headers, _) = send(post_responses(&proxy, long.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-outcome"], "compacted");
+    let after: usize = headers["x-foldgate-tokens-after"].to_str().unwrap().parse().unwrap();
+    assert!(after <= 12_000 - 512, "{after}");
+    check_forwarded(&long, &mock.recorded().last().unwrap().body);
+    // An error about encrypted content passes through unchanged, never retried.
+    let mut items = session_items(40);
+    items.push(
+        json!({"type": "reasoning", "id": "rs_bad", "summary": [], "encrypted_content": "INVALID"}),
+    );
+    let sent_before = mock.recorded().len();
+    let (status, _, answer) = send(post_responses(&proxy, body_of(&items, &[]))).await;
+    assert_eq!(status, 400);
+    assert_eq!(answer, INVALID_ENCRYPTED.as_bytes());
+    assert_eq!(mock.recorded().len(), sent_before + 1, "no retry");
+    let (_, _, text) = send(Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await;
+    let text = String::from_utf8(text.to_vec()).unwrap();
+    assert!(
+        text.contains(r#"foldgate_chat_requests_total{outcome="compacted",route="responses"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"foldgate_chat_requests_total{outcome="passthrough",route="responses"} 2"#),
+        "{text}"
+    );
+}
+
+/// True when the SDK can be imported; in CI its absence is a failure, not a skip.
+fn sdk_available() -> bool {
+    let ok =
+        Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the openai package is missing in CI (.ci/run installs it)"
+        );
+        println!(
+            "SKIPPED: python3 with the `openai` package is not installed (pip install openai)"
+        );
+    }
+    ok
+}
+
+#[tokio::test]
+async fn the_official_python_sdk_responses_calls_are_compacted_through_foldgate() {
+    if !sdk_available() {
+        return;
+    }
+    let mock = MockUpstream::start(responses_provider()).await;
+    let proxy = Proxy::start(responses_config(&mock.url())).await;
+    let dir = std::env::temp_dir().join(format!("foldgate-responses-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let session_file = dir.join("session.json");
+    let session = json!({
+        "instructions": "You are a careful coding agent.",
+        "items": session_items(40),
+        "more": round_items(40),
+        "invalid": [{"type": "reasoning", "id": "rs_bad", "summary": [], "encrypted_content": "INVALID"}],
+    });
+    std::fs::write(&session_file, serde_json::to_vec(&session).unwrap()).unwrap();
+    let base_url = format!("http://{}/v1", proxy.addr);
+    let args = [
+        SCRIPT.to_owned(),
+        base_url,
+        session_file.display().to_string(),
+        dir.display().to_string(),
+    ];
+    let output =
+        tokio::task::spawn_blocking(move || Command::new("python3").args(args).output().unwrap())
+            .await
+            .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let sent = |n: usize| Bytes::from(std::fs::read(dir.join(format!("sent_{n}.json"))).unwrap());
+    let forwarded: Vec<Bytes> = mock
+        .recorded()
+        .into_iter()
+        .filter(|r| r.uri.path() == "/v1/responses")
+        .map(|r| r.body)
+        .collect();
+    assert_eq!(forwarded.len(), 5, "one upstream request per SDK call, no retry");
+
+    assert_eq!(lines[0]["check"], "small");
+    assert_eq!(lines[0]["outcome"], "passthrough");
+    assert_eq!(lines[0]["text"], "ok");
+    assert_eq!(forwarded[0], sent(0), "below the trigger: byte for byte");
+
+    assert_eq!(lines[1]["check"], "long");
+    assert_eq!(lines[1]["outcome"], "compacted");
+    assert_eq!(lines[1]["input_tokens"], 100);
+    assert_eq!(lines[1]["cached_tokens"], 40);
+    let after: usize = lines[1]["tokens_after"].as_str().unwrap().parse().unwrap();
+    assert!(after <= 12_000 - 512, "within the budget: {after}");
+    check_forwarded(&sent(1), &forwarded[1]);
+
+    assert_eq!(lines[2]["check"], "stream");
+    assert_eq!(lines[2]["text"], "ok");
+    assert_eq!(lines[2]["input_tokens"], 100);
+    assert_eq!(lines[2]["outcome"], "compacted");
+    check_forwarded(&sent(2), &forwarded[2]);
+
+    assert_eq!(lines[3]["check"], "previous_response_id");
+    assert_eq!(lines[3]["outcome"], "passthrough");
+    assert_eq!(forwarded[3], sent(3), "server-side state: forwarded unchanged");
+
+    assert_eq!(lines[4]["check"], "invalid");
+    assert_eq!(lines[4]["status"], 400);
+    assert_eq!(lines[4]["code"], "invalid_encrypted_content");
+    assert_eq!(lines[4]["body"], INVALID_ENCRYPTED, "the upstream's error, unchanged");
+
+    let (_, _, metrics) = send(Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    assert!(
+        metrics
+            .contains(r#"foldgate_upstream_usage_tokens_total{kind="cached",model="gpt-4.1"} 160"#),
+        "usage read from JSON answers and the response.completed event:\n{metrics}"
+    );
+}
