@@ -107,13 +107,13 @@ impl Default for ServerConfig {
 pub struct UpstreamConfig {
     /// OpenAI base URL, as a client would put in `OPENAI_BASE_URL`.
     pub url: String,
+    /// Anthropic base URL, as a client would put in `ANTHROPIC_BASE_URL`: foldgate's
+    /// `/v1/messages` (and `/v1/messages/...`) goes to `<anthropic_url>/v1/messages`.
+    pub anthropic_url: String,
     /// Time allowed to establish a TCP (and TLS) connection.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Time allowed from sending the request to receiving response headers.
-    /// Anthropic base URL, as a client would put in `ANTHROPIC_BASE_URL`: foldgate's
-    /// `/v1/messages` (and `/v1/messages/...`) goes to `<anthropic_url>/v1/messages`.
-    pub anthropic_url: String,
     #[serde(with = "humantime_serde")]
     pub first_byte_timeout: Duration,
     /// How long an idle pooled connection is kept.
@@ -129,11 +129,11 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         Self {
             url: "https://api.openai.com/v1".to_owned(),
+            anthropic_url: "https://api.anthropic.com".to_owned(),
             connect_timeout: Duration::from_secs(10),
             first_byte_timeout: Duration::from_secs(600),
             pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle_per_host: 64,
-            anthropic_url: "https://api.anthropic.com".to_owned(),
             tls_roots: TlsRoots::Webpki,
         }
     }
@@ -274,12 +274,12 @@ impl Config {
     fn validate(&self) -> Result<(), (&'static str, String)> {
         crate::config::validate_upstream_url(&self.upstream.url)
             .map_err(|m| ("upstream.url", m))?;
+        crate::config::validate_upstream_url(&self.upstream.anthropic_url)
+            .map_err(|m| ("upstream.anthropic_url", m))?;
         if self.server.max_body_size.0 == 0 {
             return Err(("server.max_body_size", "must be greater than 0".to_owned()));
         }
         if self.upstream.connect_timeout.is_zero() {
-        crate::config::validate_upstream_url(&self.upstream.anthropic_url)
-            .map_err(|m| ("upstream.anthropic_url", m))?;
             return Err(("upstream.connect_timeout", "must be greater than 0".to_owned()));
         }
         if self.upstream.first_byte_timeout.is_zero() {
@@ -401,11 +401,6 @@ mod tests {
     }
 
     #[test]
-    fn bad_env_value_names_variable() {
-        let err = Config::from_toml_str("", "f", &env(&[("FOLDGATE_LISTEN", "not-an-addr")]))
-            .unwrap_err();
-        let msg = err.to_string();
-    #[test]
     fn anthropic_url_comes_from_the_environment_and_is_validated() {
         assert_eq!(Config::default().upstream.anthropic_url, "https://api.anthropic.com");
         let c = Config::from_toml_str(
@@ -421,6 +416,11 @@ mod tests {
         assert!(err.to_string().contains("upstream.anthropic_url"), "{err}");
     }
 
+    #[test]
+    fn bad_env_value_names_variable() {
+        let err = Config::from_toml_str("", "f", &env(&[("FOLDGATE_LISTEN", "not-an-addr")]))
+            .unwrap_err();
+        let msg = err.to_string();
         assert!(msg.contains("FOLDGATE_LISTEN") && msg.contains("server.listen"), "{msg}");
     }
 

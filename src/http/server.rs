@@ -117,21 +117,21 @@ impl Server {
         housekeeping: bool,
     ) -> Result<Self, ServerError> {
         let upstream = Upstream::new(&config.upstream)?;
+        let anthropic = Upstream::anthropic(&config.upstream)?;
         let addr = config.server.listen;
         let listener = TcpListener::from_std(listeners.proxy)
             .map_err(|source| ServerError::Bind { addr, source })?;
         let state = Arc::new(AppState {
             upstream,
+            anthropic,
             max_body: config.server.max_body_size.0,
             ready: false.into(),
             chat,
-        let anthropic = Upstream::anthropic(&config.upstream)?;
             metrics,
             metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
                 .then(|| config.metrics.path.clone()),
         });
         let metrics_listener = match listeners.metrics {
-            anthropic,
             Some(listener) => Some((
                 TcpListener::from_std(listener).map_err(|source| ServerError::Bind {
                     addr: config.metrics.listen.unwrap_or(addr),
@@ -278,6 +278,7 @@ async fn pace_timers(state: Arc<AppState>) {
     loop {
         tick.tick().await;
         state.upstream.close_expired();
+        state.anthropic.close_expired();
     }
 }
 
@@ -302,4 +303,3 @@ async fn sweep_sessions(state: Arc<AppState>) {
         }
     }
 }
-        state.anthropic.close_expired();
