@@ -408,3 +408,74 @@ async fn the_official_python_sdk_responses_calls_are_compacted_through_foldgate(
         "usage read from JSON answers and the response.completed event:\n{metrics}"
     );
 }
+
+#[tokio::test]
+async fn a_context_overflow_is_compacted_deeper_and_retried_once() {
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    let inner = responses_provider();
+    let handler: Handler = Arc::new(move |rec: Recorded| {
+        if counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            return Box::pin(async {
+                response(
+                    400,
+                    r#"{"error":{"message":"Your input exceeds the context window of this model. The maximum context length is 6000 tokens.","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}"#,
+                )
+            });
+        }
+        inner(rec)
+    });
+    let mock = MockUpstream::start(handler).await;
+    let proxy = Proxy::start(responses_config(&mock.url())).await;
+    // Below the trigger of a 12k window: forwarded as is, then refused by the provider.
+    let body = body_of(&session_items(10), &[]);
+    let (status, headers, _) = send(post_responses(&proxy, body.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-retried"], "1");
+    assert_eq!(headers["x-foldgate-outcome"], "compacted");
+    let recorded = mock.recorded();
+    assert_eq!(recorded.len(), 2, "one retry");
+    assert_eq!(recorded[0].body, body, "the first try went as received");
+    assert!(recorded[1].body.len() < body.len());
+    check_forwarded(&body, &recorded[1].body);
+}
+
+#[test]
+fn the_offline_commands_read_responses_bodies() {
+    let dir = std::env::temp_dir().join(format!("foldgate-responses-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = body_of(&session_items(40), &[]);
+    let file = dir.join("body.json");
+    std::fs::write(&file, &body).unwrap();
+    let foldgate = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_foldgate"))
+            .args(args)
+            .env_remove("FOLDGATE_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let path = file.to_str().unwrap();
+    let out = foldgate(&["compact", "--api", "responses", "--window", "12000", path]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.len() < body.len());
+    check_forwarded(&body, &out.stdout);
+    // A replay record is a Responses body.
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(&trace, [&body[..], b"\n"].concat()).unwrap();
+    let out = foldgate(&[
+        "replay",
+        "--api",
+        "responses",
+        "--window",
+        "12000",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = json(&out.stdout);
+    assert!(report["total"]["compacted"].as_u64().unwrap() > 0, "{report}");
+    // Messages bodies are not read by the offline commands yet: a clear error.
+    let out = foldgate(&["compact", "--api", "messages", path]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not yet supported"));
+}
