@@ -59,7 +59,12 @@ pub async fn handle<D: Dialect>(
         return Ok(dialect.tap_usage(client_response(response), metrics, None));
     };
     let response = send(dialect, upstream, metrics, started, &parts, turn.body()).await?;
-    let response = dialect.tap_usage(client_response(response), metrics, Some(turn.model()));
+    let response = dialect.tap_turn_usage(
+        client_response(response),
+        metrics,
+        Some(turn.model()),
+        turn.counted(),
+    );
     if !dialect.may_overflow(response.status()) {
         return Ok(tag(response, &turn));
     }
@@ -75,7 +80,8 @@ pub async fn handle<D: Dialect>(
         return Ok(tag(Response::from_parts(head, full(error_body)), &turn));
     };
     let response = send(dialect, upstream, metrics, retry.started, &parts, retry.body).await?;
-    Ok(tag(dialect.tap_usage(client_response(response), metrics, Some(turn.model())), &turn))
+    let response = client_response(response);
+    Ok(tag(dialect.tap_turn_usage(response, metrics, Some(turn.model()), turn.counted()), &turn))
 }
 
 /// Sends `body` upstream with the client's method, path and headers; `started` is when

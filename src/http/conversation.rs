@@ -58,6 +58,8 @@ pub struct Turn<'a, D: Dialect> {
     parsed: Option<(Arc<ChatRequest>, D::Origins)>,
     key: SessionKey,
     model: &'static str,
+    /// The request's `model`, as sent.
+    model_name: String,
     model_key: String,
     learned: Option<usize>,
     decision: Decision,
@@ -97,7 +99,13 @@ impl Conversations {
         if learned.is_some() {
             metrics.learned_window(WindowEvent::Applied);
         }
-        let options = Options { window_cap: learned, ..Options::default() };
+        // In the engine's tokens: a dialect whose provider counts differently scales it.
+        let window_cap = dialect.window_cap(
+            self.compactor.engine(),
+            model_name.as_deref().unwrap_or_default(),
+            learned,
+        );
+        let options = Options { window_cap, ..Options::default() };
         let session_header = self.session_header.as_str();
         // Far below the trigger (most requests of most conversations) the request goes as
         // it is: not parsed, no conversation state, no hop to the compaction runtime.
@@ -119,7 +127,9 @@ impl Conversations {
                     // The provider holds the conversation: nothing here to compact.
                     Decision::passthrough()
                 } else {
-                    let summarizer = self.timed_summarizer(headers, &request, metrics);
+                    let model_summarizer = dialect.model_summarizer();
+                    let summarizer =
+                        self.timed_summarizer(headers, &request, model_summarizer, metrics);
                     self.decide(&key, &request, summarizer, &options).await
                 };
                 parsed = Some((request, origins));
@@ -136,6 +146,7 @@ impl Conversations {
             parsed,
             key,
             model,
+            model_name: model_name.unwrap_or_default(),
             model_key,
             learned,
             decision,
@@ -162,14 +173,21 @@ impl Conversations {
             .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
     }
 
-    /// The summarizer for `request`, its calls timed and its failures counted.
+    /// The summarizer for `request`, its calls timed and its failures counted; the
+    /// extractive one unless `model` (the dialect allows the model summarizer).
     fn timed_summarizer(
         &self,
         headers: &HeaderMap,
         request: &ChatRequest,
+        model: bool,
         metrics: &Arc<Metrics>,
     ) -> Arc<dyn Summarizer> {
-        Arc::new(Timed { inner: self.summarizer_for(headers, request), metrics: metrics.clone() })
+        let inner = if model {
+            self.summarizer_for(headers, request)
+        } else {
+            Box::new(ExtractiveSummarizer)
+        };
+        Arc::new(Timed { inner, metrics: metrics.clone() })
     }
 
     fn summarizer_for(&self, headers: &HeaderMap, request: &ChatRequest) -> Box<dyn Summarizer> {
@@ -206,6 +224,18 @@ impl<D: Dialect> Turn<'_, D> {
     /// The request's model label.
     pub fn model(&self) -> &'static str {
         self.model
+    }
+
+    /// The request's model and the prompt tokens the engine counted exactly for the
+    /// forwarded body, when it did (a dialect calibrates its counts against the usage the
+    /// upstream reports for it).
+    pub fn counted(&self) -> Option<(String, usize)> {
+        let report = self.decision.report.as_ref().filter(|r| r.tokens_before_exact)?;
+        let tokens = match self.decision.rewritten {
+            Some(_) => report.tokens_after,
+            None => report.tokens_before,
+        };
+        Some((self.model_name.clone(), tokens))
     }
 
     /// The context window learned from an earlier overflow that the request was planned
@@ -246,9 +276,22 @@ impl<D: Dialect> Turn<'_, D> {
         // within the prompt size that it just rejected).
         let mut options = Options::overflow_retry(compactor.engine().config());
         let rejected = self.decision.report.as_ref().map(|r| r.tokens_after);
-        options.window_cap = stated.or(rejected).filter(|&n| n > 0);
+        options.window_cap = match stated {
+            // Stated in the provider's tokens.
+            Some(window) => {
+                self.dialect.window_cap(compactor.engine(), &self.model_name, Some(window))
+            }
+            None => rejected,
+        }
+        .filter(|&n| n > 0);
         let started = Instant::now();
-        let summarizer = self.conversations.timed_summarizer(self.headers, &request, self.metrics);
+        let model_summarizer = self.dialect.model_summarizer();
+        let summarizer = self.conversations.timed_summarizer(
+            self.headers,
+            &request,
+            model_summarizer,
+            self.metrics,
+        );
         let retry = self.conversations.decide(&self.key, &request, summarizer, &options).await;
         log_decision(&retry, true);
         let Some(compacted) = retry.rewritten.clone() else {

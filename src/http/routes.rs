@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use super::body::{BodyProgress, ProxyBody, full};
 use super::chat;
 use super::conversation::Conversations;
-use super::dialect::{ChatCompletions, Responses};
+use super::dialect::{ChatCompletions, Messages, Responses};
 use super::error::ProxyError;
 use super::linger::UnreadBody;
 use super::passthrough;
@@ -26,6 +26,8 @@ pub struct AppState {
     pub upstream: Upstream,
     /// Where Anthropic Messages requests go (`upstream.anthropic_url`).
     pub anthropic: Upstream,
+    /// The Messages dialect (its token calibration is per connection thread).
+    pub messages: Messages,
     /// `server.max_body_size` in bytes.
     pub max_body: u64,
     /// Listener up and not draining.
@@ -118,6 +120,19 @@ async fn dispatch(
             chat::handle(
                 &Responses,
                 &state.upstream,
+                state.max_body,
+                &state.chat,
+                &state.metrics,
+                request,
+                progress.clone(),
+            )
+            .await,
+        ),
+        (&Method::POST, "/v1/messages") => (
+            Route::Messages,
+            chat::handle(
+                &state.messages,
+                &state.anthropic,
                 state.max_body,
                 &state.chat,
                 &state.metrics,

@@ -48,6 +48,19 @@ pub fn session_key_of_outline(
     })
 }
 
+/// [`session_key`] of a request whose fingerprint parts a dialect found without parsing
+/// the body: the model, and the neutral text of the first system and first user
+/// messages (the same key as the parsed request's).
+pub fn session_key_of_parts(
+    headers: &HeaderMap,
+    session_header: &str,
+    model: String,
+    system: Option<&[u8]>,
+    user: Option<&[u8]>,
+) -> SessionKey {
+    key(headers, session_header, || (model, system, user))
+}
+
 /// The key from the credential and the session header, or else from the fingerprint
 /// `(model, first system message, first user message)` that `fingerprint` gives.
 fn key<'a>(

@@ -8,6 +8,7 @@
 //! the trigger stays as cheap as a direct call.
 
 pub mod chat;
+pub mod messages;
 pub mod responses;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use crate::model::ChatRequest;
 use crate::session::SessionKey;
 
 pub use chat::ChatCompletions;
+pub use messages::Messages;
 pub use responses::Responses;
 
 /// One API shape, as the conversation service and the handler need it.
@@ -105,4 +107,33 @@ pub trait Dialect: Send + Sync + 'static {
         metrics: &Arc<Metrics>,
         model: Option<&'static str>,
     ) -> Response<ProxyBody>;
+
+    /// [`Dialect::tap_usage`] for a request whose forwarded prompt the engine counted
+    /// exactly (`counted`: the request's model and those tokens), so that a dialect can
+    /// calibrate its counts against the usage the upstream reports.
+    fn tap_turn_usage(
+        &self,
+        response: Response<ProxyBody>,
+        metrics: &Arc<Metrics>,
+        model: Option<&'static str>,
+        counted: Option<(String, usize)>,
+    ) -> Response<ProxyBody> {
+        let _ = counted;
+        self.tap_usage(response, metrics, model)
+    }
+
+    /// The window cap, in the engine's tokens, that a request for `model` is planned
+    /// against, given a window learned from an overflow error (`learned`, in the
+    /// provider's tokens): `learned`, unless the dialect knows that its provider counts
+    /// differently from the engine.
+    fn window_cap(&self, engine: &Engine, model: &str, learned: Option<usize>) -> Option<usize> {
+        let _ = (engine, model);
+        learned
+    }
+
+    /// Whether the model summarizer (chat completions to `upstream.url`, with the
+    /// client's credential) may write this shape's digests; else the extractive one does.
+    fn model_summarizer(&self) -> bool {
+        true
+    }
 }

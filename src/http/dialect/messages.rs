@@ -1,0 +1,301 @@
+//! The Anthropic Messages dialect (`POST /v1/messages`, what Claude Code and the
+//! `anthropic` SDKs send, to `upstream.anthropic_url`): bodies convert to and from
+//! neutral messages in [`crate::api::messages`]; the overflow error is
+//! `prompt is too long: N tokens > M maximum` (`invalid_request_error`); usage is read
+//! from the JSON answer or from the `message_start` / `message_delta` events.
+//!
+//! Claude's tokenizer is not one the engine has: prompts are counted with the engine's
+//! encoder, then calibrated per model from the `usage` the upstream reports (input plus
+//! cache read and creation tokens) against what the engine counted for the same
+//! forwarded body ([`Calibration`]). A model whose prompts count more than the engine's
+//! estimate is planned against a window shrunk by that ratio.
+//!
+//! The summarizer of these conversations is the extractive one: the model summarizer
+//! speaks chat completions to `upstream.url`, and an Anthropic client's credential must
+//! not go there.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+
+use super::Dialect;
+use super::chat::stated_window;
+use crate::api::{self, Origins};
+use crate::compaction::{Budget, Engine, Options, Report};
+use crate::compactor::Rewritten;
+use crate::http::body::ProxyBody;
+use crate::http::session_key::{session_key, session_key_of_parts};
+use crate::http::usage_tap::{OnUsage, tapped_with};
+use crate::metrics::{Metrics, Route};
+use crate::model::{ChatRequest, Role};
+use crate::outline::Outline;
+use crate::session::SessionKey;
+
+/// Anthropic's Messages API. Holds the per-model token calibration.
+#[derive(Debug, Clone, Default)]
+pub struct Messages {
+    calibration: Arc<Calibration>,
+}
+
+/// What the scan reads of a Messages body: the outline of its `messages` (the scan of
+/// chat bodies reads them, as they are objects with a `role`) and the body, whose other
+/// fields (`system`) count too.
+#[derive(Debug)]
+pub struct MessagesOutline<'a> {
+    outline: Outline<'a>,
+    body: &'a [u8],
+}
+
+impl Messages {
+    /// The calibration of this dialect's token counts.
+    pub fn calibration(&self) -> &Calibration {
+        &self.calibration
+    }
+}
+
+impl Dialect for Messages {
+    type Outline<'a> = MessagesOutline<'a>;
+    type Origins = Origins;
+
+    fn route(&self) -> Route {
+        Route::Messages
+    }
+
+    fn outline<'a>(&self, body: &'a [u8]) -> Option<MessagesOutline<'a>> {
+        Some(MessagesOutline { outline: Outline::scan(body)?, body })
+    }
+
+    fn outline_model(&self, outline: &MessagesOutline<'_>) -> Option<String> {
+        outline.outline.model()
+    }
+
+    /// The engine's decision from the outline, checked against a bound of the whole body:
+    /// every token takes at least one byte of its JSON text (which also covers the
+    /// per-message framing of the neutral form), plus an image's most per image block.
+    fn clearly_below(
+        &self,
+        engine: &Engine,
+        outline: &MessagesOutline<'_>,
+        options: &Options,
+    ) -> Option<Report> {
+        let mut report = engine.clearly_below(&outline.outline, options)?;
+        let cfg = engine.config();
+        let budget = &report.budget;
+        let prefetch = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
+        let limit = if cfg.prefetch { budget.trigger.min(prefetch) } else { budget.trigger };
+        let images = memchr::memmem::find_iter(outline.body, b"\"image\"").count();
+        let upper =
+            outline.body.len() + images * crate::compaction::tokens::count::IMAGE_UNKNOWN + 16;
+        if upper > limit {
+            return None;
+        }
+        let system = outline.outline.field("system").map_or(0, <[u8]>::len);
+        report.tokens_before = (report.tokens_before + system / 4).min(upper);
+        report.tokens_after = report.tokens_before;
+        Some(report)
+    }
+
+    fn outline_session_key(
+        &self,
+        headers: &HeaderMap,
+        session_header: &str,
+        outline: &MessagesOutline<'_>,
+    ) -> SessionKey {
+        let scan = &outline.outline;
+        let text = |raw: &[u8]| std::str::from_utf8(raw).ok().map(str::to_owned);
+        let system = scan
+            .field("system")
+            .filter(|raw| raw.trim_ascii() != b"null")
+            .and_then(text)
+            .and_then(|raw| api::messages::neutral_system(&raw));
+        let user = scan
+            .messages()
+            .iter()
+            .filter(|m| m.role == Some(Role::User))
+            .find_map(|m| api::messages::neutral_first_user(&text(scan.raw(m))?));
+        session_key_of_parts(
+            headers,
+            session_header,
+            scan.model().unwrap_or_default(),
+            system.as_deref().map(str::as_bytes),
+            user.as_deref().map(str::as_bytes),
+        )
+    }
+
+    fn parse(&self, body: &[u8]) -> Option<(ChatRequest, Origins)> {
+        api::messages::parse(body)
+    }
+
+    fn session_key(
+        &self,
+        headers: &HeaderMap,
+        session_header: &str,
+        request: &ChatRequest,
+    ) -> SessionKey {
+        session_key(headers, session_header, request)
+    }
+
+    fn render(&self, original: &Bytes, origins: &Origins, compacted: &Rewritten) -> Bytes {
+        api::messages::render(original, origins, &compacted.request)
+    }
+
+    fn may_overflow(&self, status: StatusCode) -> bool {
+        matches!(status, StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE)
+    }
+
+    fn is_overflow(&self, error_body: &[u8]) -> bool {
+        is_prompt_too_long(error_body)
+    }
+
+    fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
+        stated_window(error_body)
+    }
+
+    fn tap_usage(
+        &self,
+        response: Response<ProxyBody>,
+        metrics: &Arc<Metrics>,
+        model: Option<&'static str>,
+    ) -> Response<ProxyBody> {
+        tapped_with(response, metrics, model, None)
+    }
+
+    fn tap_turn_usage(
+        &self,
+        response: Response<ProxyBody>,
+        metrics: &Arc<Metrics>,
+        model: Option<&'static str>,
+        counted: Option<(String, usize)>,
+    ) -> Response<ProxyBody> {
+        let on_usage = counted.map(|(model, counted)| {
+            let calibration = self.calibration.clone();
+            Box::new(move |usage: crate::http::usage_tap::Usage| {
+                calibration.observe(&model, counted, usage.prompt);
+            }) as OnUsage
+        });
+        tapped_with(response, metrics, model, on_usage)
+    }
+
+    fn window_cap(&self, engine: &Engine, model: &str, learned: Option<usize>) -> Option<usize> {
+        let Some(ratio) = self.calibration.ratio(model).filter(|r| *r > 1.0) else {
+            return learned;
+        };
+        let window = Budget::for_model(
+            Some(model.to_owned()),
+            None,
+            engine.config(),
+            &Options { window_cap: learned, ..Options::default() },
+        )
+        .window;
+        Some((window as f64 / ratio) as usize)
+    }
+
+    fn model_summarizer(&self) -> bool {
+        false
+    }
+}
+
+/// True for Anthropic's overflow error: `invalid_request_error` with
+/// `prompt is too long: N tokens > M maximum` (or another provider's wording of it).
+pub fn is_prompt_too_long(body: &[u8]) -> bool {
+    super::chat::is_context_overflow(body)
+}
+
+/// Prompt tokens as the provider counts them per engine-counted token, per model: a
+/// bounded table of moving averages, fed by every answer whose request the engine
+/// counted exactly.
+#[derive(Debug, Default)]
+pub struct Calibration {
+    ratios: Mutex<HashMap<String, Ratio>>,
+}
+
+/// One model's ratio.
+#[derive(Debug, Clone, Copy)]
+struct Ratio {
+    value: f64,
+    samples: u32,
+}
+
+impl Calibration {
+    /// At most this many models are kept (the table is cleared when a new one would
+    /// exceed it: model names come from clients).
+    pub const MAX_MODELS: usize = 256;
+    /// Prompts the engine counted below this many tokens are not used (framing the
+    /// engine does not see weighs too much in them).
+    pub const MIN_TOKENS: usize = 1_000;
+    /// Weight of a new sample in the moving average.
+    const WEIGHT: f64 = 0.3;
+
+    /// Records that a prompt the engine counted as `counted` tokens was `reported` tokens
+    /// for the provider.
+    pub fn observe(&self, model: &str, counted: usize, reported: u64) {
+        if counted < Self::MIN_TOKENS || reported == 0 {
+            return;
+        }
+        let sample = (reported as f64 / counted as f64).clamp(0.25, 4.0);
+        let Ok(mut ratios) = self.ratios.lock() else { return };
+        if !ratios.contains_key(model) && ratios.len() >= Self::MAX_MODELS {
+            ratios.clear();
+        }
+        let entry = ratios.entry(model.to_owned()).or_insert(Ratio { value: sample, samples: 0 });
+        if entry.samples > 0 {
+            entry.value += Self::WEIGHT * (sample - entry.value);
+        }
+        entry.samples = entry.samples.saturating_add(1);
+    }
+
+    /// The provider's prompt tokens per engine-counted token for `model`, once measured.
+    pub fn ratio(&self, model: &str) -> Option<f64> {
+        self.ratios.lock().ok()?.get(model).map(|r| r.value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_anthropic_overflow_errors() {
+        assert!(is_prompt_too_long(
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#
+        ));
+        assert!(!is_prompt_too_long(
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: roles must alternate"}}"#
+        ));
+        assert_eq!(
+            Messages::default().stated_window(
+                br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#
+            ),
+            Some(200_000)
+        );
+    }
+
+    #[test]
+    fn calibration_averages_per_model_and_shrinks_the_window() {
+        let d = Messages::default();
+        let engine = Engine::new(crate::config::CompactionConfig::default());
+        assert_eq!(d.window_cap(&engine, "claude-sonnet-4-5", None), None);
+        d.calibration().observe("claude-sonnet-4-5", 500, 900);
+        assert_eq!(d.calibration().ratio("claude-sonnet-4-5"), None, "too small to tell");
+        d.calibration().observe("claude-sonnet-4-5", 10_000, 12_000);
+        d.calibration().observe("claude-sonnet-4-5", 10_000, 12_000);
+        let ratio = d.calibration().ratio("claude-sonnet-4-5").unwrap();
+        assert!((ratio - 1.2).abs() < 1e-9, "{ratio}");
+        let window = Budget::for_model(
+            Some("claude-sonnet-4-5".into()),
+            None,
+            engine.config(),
+            &Options::default(),
+        )
+        .window;
+        let cap = d.window_cap(&engine, "claude-sonnet-4-5", None).unwrap();
+        assert_eq!(cap, (window as f64 / 1.2) as usize);
+        // A learned window (in the provider's tokens) is scaled the same way.
+        assert_eq!(d.window_cap(&engine, "claude-sonnet-4-5", Some(12_000)), Some(10_000));
+        // A model counted lower than the engine's estimate keeps the engine's window.
+        d.calibration().observe("claude-haiku-4-5", 10_000, 9_000);
+        assert_eq!(d.window_cap(&engine, "claude-haiku-4-5", Some(5)), Some(5));
+    }
+}

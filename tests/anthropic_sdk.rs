@@ -1,0 +1,358 @@
+//! The official Anthropic Python SDK (from PyPI) pointed at foldgate with `base_url`, as
+//! Claude Code is with `ANTHROPIC_BASE_URL`: plain and streaming requests of a long
+//! agent session (thinking, tool loops, cache breakpoints) are compacted within budget
+//! and stay valid Messages requests, while an OpenAI chat client uses the same foldgate.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    missing_docs
+)]
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::agent::{ProviderStats, chat_request_to, conversation, provider, requests};
+use common::*;
+use foldgate::api::messages::{MAX_BREAKPOINTS, breakpoints};
+use serde_json::{Value, json};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_sdk_check.py");
+const MODEL: &str = "claude-sonnet-4-5";
+
+/// True when the SDK can be imported; in CI its absence is a failure, not a skip.
+fn sdk_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import anthropic"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the anthropic package is missing in CI (.ci/run installs it)"
+        );
+        println!("SKIPPED: python3 with the `anthropic` package is not installed");
+    }
+    ok
+}
+
+/// An Anthropic mock: a message for `/v1/messages` (SSE when `stream`), a count for
+/// `count_tokens`; every answer carries a `request-id`.
+fn anthropic_provider() -> Handler {
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    Arc::new(move |rec: Recorded| {
+        let n = answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            let request: Value = serde_json::from_slice(&rec.body).unwrap_or(Value::Null);
+            let mut r = if rec.uri.path().ends_with("/count_tokens") {
+                response(200, r#"{"input_tokens":42}"#)
+            } else if request["stream"] == json!(true) {
+                let events = [
+                    (
+                        "message_start",
+                        json!({"type":"message_start","message":{"id":"msg_s","type":"message","role":"assistant","model":MODEL,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":90,"cache_read_input_tokens":10,"cache_creation_input_tokens":0,"output_tokens":1}}}),
+                    ),
+                    (
+                        "content_block_start",
+                        json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
+                    ),
+                    (
+                        "content_block_delta",
+                        json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"o"}}),
+                    ),
+                    (
+                        "content_block_delta",
+                        json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"k"}}),
+                    ),
+                    ("content_block_stop", json!({"type":"content_block_stop","index":0})),
+                    (
+                        "message_delta",
+                        json!({"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":2}}),
+                    ),
+                    ("message_stop", json!({"type":"message_stop"})),
+                ];
+                let (tx, body) = channel_body();
+                tokio::spawn(async move {
+                    for (event, data) in events {
+                        let frame = hyper::body::Frame::data(Bytes::from(format!(
+                            "event: {event}\ndata: {data}\n\n"
+                        )));
+                        if tx.send(Ok(frame)).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let mut r = http::Response::new(body);
+                r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+                r
+            } else {
+                let mut r = response(
+                    200,
+                    json!({"id":"msg_1","type":"message","role":"assistant","model":MODEL,
+                        "content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn",
+                        "stop_sequence":null,"usage":{"input_tokens":100,"output_tokens":1}})
+                    .to_string(),
+                );
+                r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                r
+            };
+            r.headers_mut().insert("request-id", format!("req_ant{n}").parse().unwrap());
+            r
+        })
+    })
+}
+
+/// A Claude Code-like session: system and tools with breakpoints, a task, then rounds of
+/// thinking + `tool_use` answered by `tool_result`, a short user remark beside the
+/// result every fifth round.
+fn session(rounds: usize) -> (Value, Value, Vec<Value>) {
+    let system = json!([{"type": "text", "text": "You are a careful coding agent. Use the tools.",
+        "cache_control": {"type": "ephemeral"}}]);
+    let tools = json!([{"name": "read_file", "description": "Read a file",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}},
+        "required": ["path"]}, "cache_control": {"type": "ephemeral"}}]);
+    let mut messages = vec![
+        json!({"role": "user", "content": "Fix the failing test in src/parser.rs. Never touch Cargo.lock."}),
+    ];
+    for round in 0..rounds {
+        let id = format!("toolu_{round:04}");
+        let path = format!("src/module_{round}.rs");
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": format!("I should read {path} next."),
+                "signature": format!("EqQBCkYIBhgCKkA{round:04}sig/+signature+{}", "Zm9v".repeat(20))},
+            {"type": "tool_use", "id": id, "name": "read_file", "input": {"path": path}}]}));
+        let mut body = String::new();
+        for line in 0..30 {
+            body.push_str(&format!(
+                "fn item_{round}_{line}(x: u32) -> u32 {{ x * {line} + {round} }}\n"
+            ));
+        }
+        let mut content = vec![json!({"type": "tool_result", "tool_use_id": id, "content": body})];
+        if round % 5 == 4 {
+            content.push(json!({"type": "text",
+                "text": format!("Remark {round}: keep the public API of {path} stable.")}));
+        }
+        messages.push(json!({"role": "user", "content": content}));
+    }
+    // Claude Code's breakpoints: the last block of the last two user messages.
+    let users: Vec<usize> =
+        (0..messages.len()).filter(|&i| messages[i]["role"] == "user").collect();
+    for &i in users.iter().rev().take(2) {
+        if let Some(blocks) = messages[i]["content"].as_array_mut() {
+            blocks.last_mut().unwrap()["cache_control"] = json!({"type": "ephemeral"});
+        }
+    }
+    (system, tools, messages)
+}
+
+fn params(rounds: usize) -> Value {
+    let (system, tools, messages) = session(rounds);
+    json!({"model": MODEL, "max_tokens": 2048, "system": system, "tools": tools,
+        "thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": messages})
+}
+
+/// The raw JSON text of every message of a body.
+fn raw_messages(body: &[u8]) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow)]
+        messages: Vec<&'a serde_json::value::RawValue>,
+    }
+    let body: Body<'_> = serde_json::from_slice(body).unwrap();
+    body.messages.iter().map(|m| m.get().to_owned()).collect()
+}
+
+/// A forwarded body is a valid Messages request: user first, roles alternating, every
+/// `tool_use` answered in the next message and every `tool_result` answering the one
+/// before, at most four breakpoints.
+fn assert_valid(body: &[u8]) {
+    let value: Value = serde_json::from_slice(body).unwrap();
+    let messages = value["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["role"], "user");
+    let blocks = |m: &Value, kind: &str, key: &str| -> Vec<Value> {
+        m["content"]
+            .as_array()
+            .map(|b| b.iter().filter(|b| b["type"] == kind).map(|b| b[key].clone()).collect())
+            .unwrap_or_default()
+    };
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            assert_ne!(m["role"], messages[i - 1]["role"], "message {i}");
+        }
+        for id in blocks(m, "tool_use", "id") {
+            assert!(blocks(&messages[i + 1], "tool_result", "tool_use_id").contains(&id), "{id}");
+        }
+        for id in blocks(m, "tool_result", "tool_use_id") {
+            assert!(blocks(&messages[i - 1], "tool_use", "id").contains(&id), "{id}");
+        }
+    }
+    assert!(breakpoints(std::str::from_utf8(body).unwrap()) <= MAX_BREAKPOINTS);
+}
+
+#[tokio::test]
+async fn the_official_anthropic_sdk_works_through_foldgate_beside_an_openai_client() {
+    if !sdk_available() {
+        return;
+    }
+    let anthropic = MockUpstream::start(anthropic_provider()).await;
+    let openai = MockUpstream::start(provider(Arc::new(ProviderStats::default()))).await;
+    let mut config = config_for(&openai.url());
+    config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
+    config.compaction.max_context_tokens = Some(12_000);
+    let proxy = Proxy::start(config).await;
+
+    let small = params(2);
+    let long = params(40);
+    let plan = json!([
+        {"name": "small", "api_key": "sk-ant-a", "session": "s1", "kind": "create", "params": small},
+        {"name": "long", "api_key": "sk-ant-a", "session": "s1", "kind": "create", "params": long},
+        {"name": "long_stream", "api_key": "sk-ant-a", "session": "s1", "kind": "stream", "params": long},
+        {"name": "other_tenant", "api_key": "sk-ant-b", "session": "s1", "kind": "create", "params": small},
+        {"name": "count", "api_key": "sk-ant-a", "session": "s1", "kind": "count_tokens",
+            "params": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}},
+    ]);
+    let dir = std::env::temp_dir().join(format!("foldgate-anthropic-sdk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan_file = dir.join("requests.json");
+    std::fs::write(&plan_file, serde_json::to_vec(&plan).unwrap()).unwrap();
+    let base_url = format!("http://{}", proxy.addr);
+    let out = dir.clone();
+    let python = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .args([SCRIPT, &base_url, plan_file.to_str().unwrap(), out.to_str().unwrap()])
+            .output()
+            .unwrap()
+    });
+    // Meanwhile an OpenAI client talks to the same foldgate.
+    let chats = async {
+        for body in requests(&conversation(12, 3), &[]).into_iter().take(6) {
+            let url = proxy.url("/v1/chat/completions");
+            let (status, _, _) = send(chat_request_to(&url, body, "Bearer sk-openai", "o1")).await;
+            assert_eq!(status, 200);
+        }
+    };
+    let (output, ()) = tokio::join!(python, chats);
+    let output = output.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    let sent = |i: usize| std::fs::read(dir.join(format!("sent_{i}.json"))).unwrap();
+
+    // Each client reached its own provider, with its own credential and headers.
+    let ant = anthropic.recorded();
+    assert!(ant.iter().all(|r| r.uri.path().starts_with("/v1/messages")), "{ant:?}");
+    assert!(ant.iter().all(|r| r.headers.contains_key("anthropic-version")));
+    // The SDK's credential as it sent it (`x-api-key`, or `Authorization` in newer SDKs).
+    let credential = |r: &Recorded| {
+        let value = r.headers.get("x-api-key").or(r.headers.get("authorization")).unwrap();
+        value.to_str().unwrap().trim_start_matches("Bearer ").to_owned()
+    };
+    assert!(ant.iter().all(|r| credential(r).starts_with("sk-ant-")));
+    assert_eq!(ant.len(), 5);
+    let oai = openai.recorded();
+    assert_eq!(oai.len(), 6);
+    assert!(oai.iter().all(|r| r.uri.path() == "/v1/chat/completions"));
+
+    // Below the trigger: forwarded byte for byte, as the SDK sent it.
+    assert_eq!(lines[0]["x-foldgate-outcome"], "passthrough");
+    assert_eq!(lines[0]["text"], "ok");
+    assert_eq!(lines[0]["request_id"], "req_ant0", "the provider's answer passes through");
+    assert_eq!(ant[0].body, sent(0));
+
+    // The long session is compacted within budget, plain and streamed.
+    let budget = 12_000 - 2_048;
+    for i in [1, 2] {
+        let line = &lines[i];
+        assert_eq!(line["x-foldgate-outcome"], "compacted", "{line}");
+        let after: usize = line["x-foldgate-tokens-after"].as_str().unwrap().parse().unwrap();
+        let before: usize = line["x-foldgate-tokens-before"].as_str().unwrap().parse().unwrap();
+        assert!(after <= budget && after < before, "{line}");
+        assert_eq!(line["text"], "ok");
+        let forwarded = &ant[i].body;
+        assert!(forwarded.len() < sent(i).len());
+        assert_valid(forwarded);
+        let (value, original): (Value, Value) =
+            (serde_json::from_slice(forwarded).unwrap(), serde_json::from_slice(&sent(i)).unwrap());
+        for field in ["model", "max_tokens", "system", "tools", "thinking", "stream"] {
+            assert_eq!(value.get(field), original.get(field), "{field}");
+        }
+        let text = String::from_utf8_lossy(forwarded);
+        // Small user turns verbatim; the task too.
+        for round in (4..40).step_by(5) {
+            assert!(text.contains(&format!("\"Remark {round}: keep the public API")), "{round}");
+        }
+        assert!(text.contains("Fix the failing test in src/parser.rs. Never touch Cargo.lock."));
+        assert!(text.contains("[COMPACTED CONTEXT]"), "a digest stands for the folded work");
+        // Assistant messages with thinking are forwarded byte for byte as the SDK sent
+        // them, or not at all.
+        let sent_text = String::from_utf8(sent(i)).unwrap();
+        let kept: Vec<String> =
+            raw_messages(forwarded).into_iter().filter(|m| m.contains("\"thinking\"")).collect();
+        assert!(!kept.is_empty());
+        for m in &kept {
+            assert!(sent_text.contains(m.as_str()), "edited: {m}");
+        }
+    }
+    assert_eq!(lines[1]["input_tokens"], 100);
+    assert_eq!(lines[2]["input_tokens"], 90, "usage from message_start");
+    assert_eq!(lines[2]["output_tokens"], 2);
+
+    // Another key, same session id: another conversation.
+    assert_eq!(lines[3]["x-foldgate-outcome"], "passthrough");
+    assert_ne!(lines[3]["x-foldgate-session"], lines[0]["x-foldgate-session"]);
+    assert_eq!(lines[1]["x-foldgate-session"], lines[0]["x-foldgate-session"]);
+
+    // count_tokens passes through to the Anthropic upstream.
+    assert_eq!(lines[4]["input_tokens"], 42);
+    assert_eq!(ant[4].uri.path(), "/v1/messages/count_tokens");
+    assert_eq!(ant[4].body, sent(4));
+
+    // Upstream usage of both APIs reached the metrics.
+    let (_, _, metrics) =
+        send(http::Request::get(proxy.url("/metrics")).body(full(Bytes::new())).unwrap()).await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(metrics.contains(r#"route="messages""#), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_request_below_the_trigger_is_forwarded_byte_for_byte() {
+    let anthropic = MockUpstream::echo().await;
+    let mut config = config_for("http://127.0.0.1:9/v1");
+    config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
+    let proxy = Proxy::start(config).await;
+    let body = serde_json::to_vec(&params(3)).unwrap();
+    let body = [b"{ \"metadata\" : {\"user_id\":\"u\"},".as_slice(), &body[1..]].concat();
+    let request = http::Request::post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-z")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "context-management-2025-06-27")
+        .header("content-type", "application/json")
+        .body(full(body.clone()))
+        .unwrap();
+    let (status, headers, answer) = send(request).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-outcome"], "passthrough");
+    assert_eq!(answer, body);
+    // The key in `x-api-key` scopes the session: the same session id under another key
+    // is another conversation, under the same key the same one.
+    let session_of = |key: &'static str| {
+        let request = http::Request::post(proxy.url("/v1/messages"))
+            .header("x-api-key", key)
+            .header("x-session-id", "shared")
+            .header("anthropic-version", "2023-06-01")
+            .body(full(body.clone()))
+            .unwrap();
+        async move { send(request).await.1["x-foldgate-session"].clone() }
+    };
+    assert_eq!(session_of("sk-ant-1").await, session_of("sk-ant-1").await);
+    assert_ne!(session_of("sk-ant-1").await, session_of("sk-ant-2").await);
+    let recorded = anthropic.recorded();
+    assert_eq!(recorded[0].uri.path(), "/v1/messages");
+    assert_eq!(recorded[0].body, body);
+    assert_eq!(recorded[0].headers["anthropic-beta"], "context-management-2025-06-27");
+}
