@@ -1,5 +1,6 @@
 //! The embedded store: a dashmap bounded by TTL and a maximum number of sessions
-//! (least recently used evicted first).
+//! (least recently used evicted first). Inspection records (see [`super::record`]) live
+//! in a second map under the same bounds.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Loaded, Saved, SessionKey, SessionStore, StoreError};
+use super::{Loaded, Record, RecordUpdate, Saved, SessionKey, SessionStore, StoreError, Summary};
 
 struct Entry<S> {
     state: S,
@@ -15,9 +16,16 @@ struct Entry<S> {
     revision: u64,
 }
 
+/// An inspection record and when it was last added to.
+struct Recorded {
+    record: Record,
+    last_seen: Instant,
+}
+
 /// In-memory session store for one process.
 pub struct MemoryStore<S> {
     map: DashMap<SessionKey, Entry<S>>,
+    records: DashMap<SessionKey, Recorded>,
     ttl: Duration,
     max_sessions: usize,
 }
@@ -25,15 +33,45 @@ pub struct MemoryStore<S> {
 impl<S> MemoryStore<S> {
     /// A store keeping sessions for `ttl` after last use, at most `max_sessions` of them.
     pub fn new(ttl: Duration, max_sessions: usize) -> Self {
-        Self { map: DashMap::new(), ttl, max_sessions: max_sessions.max(1) }
+        let max_sessions = max_sessions.max(1);
+        Self { map: DashMap::new(), records: DashMap::new(), ttl, max_sessions }
     }
 
-    /// Drops expired sessions; returns how many.
+    /// Drops expired sessions (and records); returns how many sessions.
     fn sweep_expired(&self) -> usize {
         let before = self.map.len();
         let now = Instant::now();
         self.map.retain(|_, e| now.duration_since(e.last_seen) < self.ttl);
+        self.records.retain(|_, r| now.duration_since(r.last_seen) < self.ttl);
         before.saturating_sub(self.map.len())
+    }
+
+    /// Evicts least recently recorded conversations until there is room for one more
+    /// record, a sixteenth of the capacity at once (as [`Self::make_room`]).
+    fn make_room_for_record(&self) {
+        if self.records.len() < self.max_sessions {
+            return;
+        }
+        let now = Instant::now();
+        self.records.retain(|_, r| now.duration_since(r.last_seen) < self.ttl);
+        let excess = (self.records.len() + 1).saturating_sub(self.max_sessions);
+        if excess == 0 {
+            return;
+        }
+        let batch = excess.max(self.max_sessions / 16).min(self.records.len());
+        let mut by_age: Vec<(Instant, SessionKey)> =
+            self.records.iter().map(|e| (e.last_seen, e.key().clone())).collect();
+        by_age.sort_unstable();
+        for (_, key) in by_age.into_iter().take(batch) {
+            self.records.remove(&key);
+        }
+    }
+
+    /// The live record of `key`, if any.
+    fn live_record(&self, key: &SessionKey) -> Option<Record> {
+        let now = Instant::now();
+        let entry = self.records.get(key)?;
+        (now.duration_since(entry.last_seen) < self.ttl).then(|| entry.record.clone())
     }
 
     /// Evicts least recently used sessions until there is room for one more. Evicts a
@@ -111,6 +149,50 @@ impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
     fn sweep(&self) -> usize {
         self.sweep_expired()
     }
+
+    fn record(&self, key: &SessionKey, update: RecordUpdate) {
+        if !self.records.contains_key(key) {
+            self.make_room_for_record();
+        }
+        let now = Instant::now();
+        let mut entry = self
+            .records
+            .entry(key.clone())
+            .or_insert_with(|| Recorded { record: Record::default(), last_seen: now });
+        if now.duration_since(entry.last_seen) >= self.ttl {
+            entry.record = Record::default();
+        }
+        entry.last_seen = now;
+        entry.record.apply(update);
+    }
+
+    async fn records(
+        &self,
+        tenant: Option<&str>,
+        max: usize,
+    ) -> Result<Vec<(SessionKey, Summary)>, StoreError> {
+        let now = Instant::now();
+        let mut found: Vec<(SessionKey, Summary)> = self
+            .records
+            .iter()
+            .filter(|e| now.duration_since(e.last_seen) < self.ttl)
+            .filter(|e| tenant.is_none() || e.record.summary.tenant.as_deref() == tenant)
+            .map(|e| (e.key().clone(), e.record.summary.clone()))
+            .collect();
+        found.sort_unstable_by(|a, b| b.1.last_seen.cmp(&a.1.last_seen).then(a.0.cmp(&b.0)));
+        found.truncate(max);
+        Ok(found)
+    }
+
+    async fn record_of(&self, key: &SessionKey) -> Result<Option<Record>, StoreError> {
+        Ok(self.live_record(key))
+    }
+
+    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        let state = self.map.remove(key).is_some();
+        let record = self.records.remove(key).is_some();
+        Ok(state || record)
+    }
 }
 
 #[cfg(test)]
@@ -163,6 +245,48 @@ mod tests {
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(SessionStore::<u32>::sweep(&store), 1);
         assert_eq!(state(&store, 2).await, Some(2));
+    }
+
+    fn update(tenant: &str, at: u64) -> RecordUpdate {
+        RecordUpdate {
+            tenant: Some(tenant.to_owned()),
+            request: crate::session::record::RequestEntry { at, ..Default::default() },
+            history: 3,
+            ..RecordUpdate::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_are_bounded_scoped_by_tenant_and_forgotten_with_the_state() {
+        let store = MemoryStore::<u32>::new(Duration::from_secs(60), 2);
+        for at in 1..=5 {
+            store.record(&key(1), update("a", at));
+        }
+        store.record(&key(2), update("b", 9));
+        store.save(&key(1), 7, 0).await.unwrap();
+        let record = store.record_of(&key(1)).await.unwrap().unwrap();
+        assert_eq!((record.requests.len(), record.summary.requests), (3, 5));
+        let listed = |tenant| {
+            let store = &store;
+            async move {
+                let found = store.records(tenant, 10).await.unwrap();
+                found.into_iter().map(|(k, _)| k).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(listed(None).await, [key(2), key(1)]);
+        assert_eq!(listed(Some("a")).await, [key(1)]);
+        assert!(listed(Some("c")).await.is_empty());
+        assert!(store.forget(&key(1)).await.unwrap());
+        assert!(store.load(&key(1)).await.unwrap().is_none());
+        assert!(store.record_of(&key(1)).await.unwrap().is_none());
+        assert!(!store.forget(&key(1)).await.unwrap());
+        // At most max_sessions records; expired ones are gone.
+        for n in 10..20 {
+            store.record(&key(n), update("a", 10));
+        }
+        assert!(store.records.len() <= 2);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(listed(None).await.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

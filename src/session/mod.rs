@@ -8,6 +8,7 @@
 pub mod locks;
 pub mod memory;
 pub mod observed;
+pub mod record;
 pub mod redis;
 
 use std::time::Duration;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 pub use locks::{SessionGuard, SessionLocks};
 pub use memory::MemoryStore;
 pub use observed::{Observed, Operation};
+pub use record::{Record, RecordUpdate, Summary};
 pub use redis::{RedisOptions, RedisStore};
 
 /// State a store that serializes (Redis) can keep: JSON with a schema version, so that
@@ -134,5 +136,32 @@ pub trait SessionStore<S>: Send + Sync {
     /// keys by itself keep the default, which does nothing.
     fn sweep(&self) -> usize {
         0
+    }
+
+    /// Adds what one request did to the inspection record of `key` (see [`record`](self::record)).
+    /// Best effort and never waits: a store that writes elsewhere does it in the
+    /// background, and a failure loses one entry, never a request. The default keeps
+    /// nothing.
+    fn record(&self, _key: &SessionKey, _update: RecordUpdate) {}
+
+    /// The inspection records' summaries, most recently seen first, at most `max`;
+    /// with `tenant`, only that tenant's.
+    async fn records(
+        &self,
+        _tenant: Option<&str>,
+        _max: usize,
+    ) -> Result<Vec<(SessionKey, Summary)>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// The inspection record of `key`, if any.
+    async fn record_of(&self, _key: &SessionKey) -> Result<Option<Record>, StoreError> {
+        Ok(None)
+    }
+
+    /// Forgets `key`: its state and its inspection record, so that its next request
+    /// starts afresh. True when there was something to forget.
+    async fn forget(&self, _key: &SessionKey) -> Result<bool, StoreError> {
+        Ok(false)
     }
 }

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{Lease, Loaded, Saved, SessionKey, SessionStore, StoreError};
+use super::{
+    Lease, Loaded, Record, RecordUpdate, Saved, SessionKey, SessionStore, StoreError, Summary,
+};
 
 /// A store operation, as reported to the observer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +99,26 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
 
     fn sweep(&self) -> usize {
         self.inner.sweep()
+    }
+
+    fn record(&self, key: &SessionKey, update: RecordUpdate) {
+        self.inner.record(key, update);
+    }
+
+    async fn records(
+        &self,
+        tenant: Option<&str>,
+        max: usize,
+    ) -> Result<Vec<(SessionKey, Summary)>, StoreError> {
+        self.inner.records(tenant, max).await
+    }
+
+    async fn record_of(&self, key: &SessionKey) -> Result<Option<Record>, StoreError> {
+        self.inner.record_of(key).await
+    }
+
+    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
     }
 }
 

@@ -14,6 +14,12 @@
 //! - `<p>l:<key>`: the summarization lease, a random token that expires by itself.
 //! - `<p>windows`: context windows learned from providers' overflow errors, a hash of
 //!   model key → tokens (a few entries; expires a week after the last one learned).
+//! - Inspection records (see [`super::record`]), written only when the inspector is on:
+//!   `<p>m:<key>` the summary (a hash of counters), `<p>r:<key>` and `<p>f:<key>` the
+//!   last requests and folds (lists of JSON, trimmed to the history), and `<p>t:<tenant>`
+//!   the set of a tenant's keys; each expires `ttl` after last use. An append is one
+//!   `MULTI` (counters by `HINCRBY`, lists by `RPUSH` and `LTRIM`), so replicas never
+//!   lose each other's entries.
 //!
 //! A save is one Lua script, a compare-and-swap on `rev`: it writes only if nobody saved
 //! since the revision the writer loaded, so concurrent replicas never lose each other's
@@ -36,7 +42,11 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use async_trait::async_trait;
 use dashmap::DashMap;
 
-use super::{Lease, Loaded, Saved, SessionKey, SessionStore, StoreError, StoredState};
+use super::record::{FoldEntry, RequestEntry, TIERS};
+use super::{
+    Lease, Loaded, Record, RecordUpdate, Saved, SessionKey, SessionStore, StoreError, StoredState,
+    Summary,
+};
 
 /// The learned-windows hash expires a week after the last window learned.
 const WINDOWS_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -130,6 +140,106 @@ impl<S> RedisStore<S> {
 
     fn lease_key(&self, key: &SessionKey) -> String {
         format!("{}l:{}", self.prefix, key.as_str())
+    }
+
+    /// The key of one part of an inspection record: `m` summary, `r` requests, `f` folds.
+    fn record_key(&self, part: &str, key: &SessionKey) -> String {
+        format!("{}{part}:{}", self.prefix, key.as_str())
+    }
+
+    fn tenant_key(&self, tenant: &str) -> String {
+        format!("{}t:{tenant}", self.prefix)
+    }
+
+    /// The commands that add `update` to the record of `key`, as one transaction.
+    fn record_pipeline(&self, key: &SessionKey, update: &RecordUpdate) -> ::redis::Pipeline {
+        let (m, r, f) =
+            (self.record_key("m", key), self.record_key("r", key), self.record_key("f", key));
+        let request = &update.request;
+        let history = i64::try_from(update.history.max(1)).unwrap_or(i64::MAX);
+        let mut pipe = ::redis::pipe();
+        pipe.atomic();
+        if let Some(tenant) = &update.tenant {
+            pipe.cmd("HSETNX").arg(&m).arg("tenant").arg(tenant).ignore();
+            let set = self.tenant_key(tenant);
+            pipe.cmd("SADD").arg(&set).arg(key.as_str()).ignore();
+            pipe.cmd("PEXPIRE").arg(&set).arg(self.ttl_ms).ignore();
+        }
+        pipe.cmd("HSETNX").arg(&m).arg("first_seen").arg(request.at).ignore();
+        pipe.cmd("HSET")
+            .arg(&m)
+            .arg("model")
+            .arg(&update.model)
+            .arg("last_seen")
+            .arg(request.at)
+            .arg("tokens_before")
+            .arg(request.tokens_before)
+            .arg("tokens_after")
+            .arg(request.tokens_after)
+            .ignore();
+        pipe.cmd("HINCRBY").arg(&m).arg("requests").arg(1).ignore();
+        pipe.cmd("HINCRBY").arg(&m).arg(format!("t{}", request.tier.min(4))).arg(1).ignore();
+        if request.dropped > 0 {
+            pipe.cmd("HINCRBY").arg(&m).arg("drops").arg(1).ignore();
+        }
+        if let Ok(json) = serde_json::to_string(request) {
+            pipe.cmd("RPUSH").arg(&r).arg(json).ignore();
+            pipe.cmd("LTRIM").arg(&r).arg(-history).arg(-1).ignore();
+        }
+        if !update.folds.is_empty() {
+            pipe.cmd("HINCRBY").arg(&m).arg("folds").arg(update.folds.len()).ignore();
+            for fold in &update.folds {
+                if let Ok(json) = serde_json::to_string(fold) {
+                    pipe.cmd("RPUSH").arg(&f).arg(json).ignore();
+                }
+            }
+            pipe.cmd("LTRIM").arg(&f).arg(-history).arg(-1).ignore();
+        }
+        for part in [&m, &r, &f] {
+            pipe.cmd("PEXPIRE").arg(part).arg(self.ttl_ms).ignore();
+        }
+        pipe
+    }
+
+    /// The summaries of `keys` (absent ones left out).
+    async fn summaries(&self, keys: Vec<String>) -> Result<Vec<(SessionKey, Summary)>, StoreError> {
+        let mut found = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(256) {
+            let mut pipe = ::redis::pipe();
+            for key in chunk {
+                pipe.cmd("HGETALL")
+                    .arg(self.record_key("m", &SessionKey::from_digest(key.as_str())));
+            }
+            let mut conn = self.conn.clone();
+            let hashes: Vec<Vec<(String, String)>> = self.run(pipe.query_async(&mut conn)).await?;
+            for (key, hash) in chunk.iter().zip(hashes) {
+                if !hash.is_empty() {
+                    found.push((SessionKey::from_digest(key.as_str()), summary_of(&hash)));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The keys of every stored record (a `SCAN`), at most `max`.
+    async fn record_keys(&self, max: usize) -> Result<Vec<String>, StoreError> {
+        let pattern = format!("{}m:*", self.prefix);
+        let strip = format!("{}m:", self.prefix);
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = ::redis::cmd("SCAN");
+            cmd.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
+            let mut conn = self.conn.clone();
+            let (next, batch): (u64, Vec<String>) = self.run(cmd.query_async(&mut conn)).await?;
+            keys.extend(
+                batch.into_iter().filter_map(|k| k.strip_prefix(&strip).map(str::to_owned)),
+            );
+            cursor = next;
+            if cursor == 0 || keys.len() >= max {
+                return Ok(keys);
+            }
+        }
     }
 
     /// Runs one Redis operation within the timeout, or fails at once while Redis is
@@ -279,6 +389,102 @@ impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
     fn sweep(&self) -> usize {
         self.seen.sweep()
     }
+
+    fn record(&self, key: &SessionKey, update: RecordUpdate) {
+        if self.down.load(Ordering::Relaxed) {
+            return;
+        }
+        let pipe = self.record_pipeline(key, &update);
+        let (mut conn, timeout) = (self.conn.clone(), self.timeout);
+        tokio::spawn(async move {
+            let written = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
+            if !matches!(written, Ok(Ok(()))) {
+                tracing::debug!("session store: an inspection record entry was not written");
+            }
+        });
+    }
+
+    async fn records(
+        &self,
+        tenant: Option<&str>,
+        max: usize,
+    ) -> Result<Vec<(SessionKey, Summary)>, StoreError> {
+        let keys = match tenant {
+            Some(tenant) => {
+                let mut conn = self.conn.clone();
+                let mut cmd = ::redis::cmd("SMEMBERS");
+                cmd.arg(self.tenant_key(tenant));
+                self.run(cmd.query_async::<Vec<String>>(&mut conn)).await?
+            }
+            None => self.record_keys(max.saturating_mul(4).max(1000)).await?,
+        };
+        let mut found = self.summaries(keys).await?;
+        if let Some(tenant) = tenant {
+            found.retain(|(_, s)| s.tenant.as_deref() == Some(tenant));
+        }
+        found.sort_unstable_by(|a, b| b.1.last_seen.cmp(&a.1.last_seen).then(a.0.cmp(&b.0)));
+        found.truncate(max);
+        Ok(found)
+    }
+
+    async fn record_of(&self, key: &SessionKey) -> Result<Option<Record>, StoreError> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("HGETALL").arg(self.record_key("m", key));
+        pipe.cmd("LRANGE").arg(self.record_key("r", key)).arg(0).arg(-1);
+        pipe.cmd("LRANGE").arg(self.record_key("f", key)).arg(0).arg(-1);
+        let mut conn = self.conn.clone();
+        let (hash, requests, folds): (Vec<(String, String)>, Vec<String>, Vec<String>) =
+            self.run(pipe.query_async(&mut conn)).await?;
+        if hash.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Record {
+            summary: summary_of(&hash),
+            requests: requests
+                .iter()
+                .filter_map(|j| serde_json::from_str::<RequestEntry>(j).ok())
+                .collect(),
+            folds: folds.iter().filter_map(|j| serde_json::from_str::<FoldEntry>(j).ok()).collect(),
+        }))
+    }
+
+    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        let mut cmd = ::redis::cmd("DEL");
+        cmd.arg(self.state_key(key));
+        for part in ["m", "r", "f"] {
+            cmd.arg(self.record_key(part, key));
+        }
+        let mut conn = self.conn.clone();
+        let deleted: u64 = self.run(cmd.query_async(&mut conn)).await?;
+        Ok(deleted > 0)
+    }
+}
+
+/// A summary from its Redis hash (fields missing or unreadable count as zero).
+fn summary_of(hash: &[(String, String)]) -> Summary {
+    let mut summary = Summary::default();
+    for (field, value) in hash {
+        let number = || value.parse::<u64>().unwrap_or(0);
+        let small = || u32::try_from(number()).unwrap_or(u32::MAX);
+        match field.as_str() {
+            "tenant" => summary.tenant = Some(value.clone()),
+            "model" => summary.model.clone_from(value),
+            "first_seen" => summary.first_seen = number(),
+            "last_seen" => summary.last_seen = number(),
+            "requests" => summary.requests = number(),
+            "tokens_before" => summary.tokens_before = small(),
+            "tokens_after" => summary.tokens_after = small(),
+            "folds" => summary.folds = number(),
+            "drops" => summary.drops = number(),
+            tier => {
+                let index = tier.strip_prefix('t').and_then(|n| n.parse::<usize>().ok());
+                if let Some(index) = index.filter(|&i| i < TIERS) {
+                    summary.tiers[index] = number();
+                }
+            }
+        }
+    }
+    summary
 }
 
 /// The conversations this process used lately, for the active-sessions gauge (Redis
