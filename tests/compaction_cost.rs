@@ -4,7 +4,8 @@
 //! model summarizer (real HTTP to a mock that answers digests of about 900 tokens) must
 //! cost at most 0.88x sending every conversation whole, without a violation, keeping
 //! every small user message of the tau sessions verbatim, and with few mini-swe-agent
-//! requests left to the fallback; text-mode tool output is recognised as such on every
+//! requests left to the fallback, and so must the longest sessions sent through the
+//! proxy itself (background folds); text-mode tool output is recognised as such on every
 //! trace family.
 
 mod common;
@@ -12,12 +13,17 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use common::{MockUpstream, Recorded, response};
+use bytes::Bytes;
+use common::agent::chat_request;
+use common::{MockUpstream, Proxy, Recorded, response, send};
+use foldgate::commands::cost::{Charge, Meter, Prompt};
 use foldgate::commands::replay::{self, ReplayOptions, ReplayStats, replay_file};
-use foldgate::compaction::{Engine, Options};
+use foldgate::compaction::check::verify;
+use foldgate::compaction::{Budget, Engine, Options, TokenCache};
 use foldgate::config::SummarizerKind;
-use foldgate::model::{Message, Role, is_observation};
+use foldgate::model::{ChatRequest, Message, Role, is_observation};
 use foldgate::summarizer::Summarizer;
 use foldgate::summarizer::llm::LlmSummarizer;
 use serde_json::{Value, json};
@@ -158,4 +164,104 @@ fn text_mode_tool_output_is_recognised_per_family() {
     assert_eq!(observations, answers, "mini-swe-agent");
     // SWE-agent: the text-mode runs end their observations with the shell prompt.
     assert!(seen["swe-agent"].1 * 10 >= seen["swe-agent"].0 * 9, "{:?}", seen["swe-agent"]);
+}
+
+/// The chat answer of the mock provider.
+const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101}}"#;
+
+/// The longest sessions of the families that outgrow a 16k window, sent through the
+/// proxy as their agents sent them (the model summarizer folds in the background while
+/// a request still fits), priced like `replay`: the forwarded requests and the
+/// summarizer calls cost at most 0.88x sending every request whole, and no forwarded
+/// request breaks a guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_dev_sessions_cost_less_through_the_proxy() {
+    let (calls, shared) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let summaries = digests(calls.clone(), shared);
+    let mock = MockUpstream::start(Arc::new(move |rec: Recorded| {
+        if rec.headers.contains_key("x-foldgate-summary") {
+            return summaries(rec);
+        }
+        Box::pin(async move { response(200, ANSWER) })
+    }))
+    .await;
+    let mut config = common::config_for(&mock.url());
+    config.summarizer.kind = SummarizerKind::Llm;
+    config.compaction.max_context_tokens = Some(16_000);
+    let proxy = Proxy::start(config.clone()).await;
+
+    let text = std::fs::read_to_string(traces()).unwrap();
+    let mut sessions: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|r| matches!(r["meta"]["family"].as_str(), Some("mini-swe-agent" | "openhands")))
+        .collect();
+    sessions.sort_by_key(|r| std::cmp::Reverse(r["messages"].as_array().unwrap().len()));
+    let mut sample: Vec<Value> = Vec::new();
+    for family in ["mini-swe-agent", "openhands"] {
+        sample.extend(sessions.iter().filter(|r| r["meta"]["family"] == family).take(2).cloned());
+    }
+
+    let (mut forwarded_cost, mut whole_cost) = (Charge::default(), Charge::default());
+    let (mut requests, mut compacted, mut failures) = (0, 0, Vec::new());
+    let mut cache = TokenCache::default();
+    for (n, record) in sample.iter().enumerate() {
+        let messages = record["messages"].as_array().unwrap();
+        let (mut sent, mut whole) = (Meter::default(), Meter::default());
+        let seen = mock.recorded().len();
+        let mut originals = Vec::new();
+        for end in 1..messages.len() {
+            if messages[end]["role"] != "assistant" {
+                continue;
+            }
+            let body = json!({"model": record["model"], "messages": &messages[..end],
+                "max_tokens": 1000});
+            let body = Bytes::from(serde_json::to_vec(&body).unwrap());
+            let (status, headers, _) =
+                send(chat_request(&proxy, body.clone(), "Bearer sk-cost", &format!("s{n}"))).await;
+            assert_eq!(status, 200);
+            compacted += usize::from(headers["x-foldgate-outcome"] == "compacted");
+            originals.push(ChatRequest::parse(&body).unwrap());
+            // The agent's model takes its time to answer: background folds land.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The conversation's calls in the order they reached the provider.
+        let mut chats = 0;
+        for rec in &mock.recorded()[seen..] {
+            let request = ChatRequest::parse(&rec.body).unwrap();
+            let budget = Budget::of(&request, &config.compaction, &Options::default());
+            let prompt =
+                Prompt::of(request.messages(), request.tools_raw(), budget.encoding, &mut cache);
+            if rec.headers.contains_key("x-foldgate-summary") {
+                forwarded_cost.add(sent.side_call(&prompt));
+                continue;
+            }
+            let original = &originals[chats];
+            chats += 1;
+            forwarded_cost.add(sent.send(prompt).0);
+            let whole_prompt =
+                Prompt::of(original.messages(), original.tools_raw(), budget.encoding, &mut cache);
+            whole_cost.add(whole.send(whole_prompt).0);
+            let budget = Budget::of(original, &config.compaction, &Options::default());
+            for v in verify(original, &request, &config.compaction, &budget, &mut cache) {
+                failures
+                    .push(format!("{} request {chats}: ({}) {}", record["id"], v.check, v.detail));
+            }
+        }
+        assert_eq!(chats, originals.len(), "one forwarded request per request");
+        requests += chats;
+    }
+    let (cost, whole) = (forwarded_cost.price(0.1), whole_cost.price(0.1));
+    println!(
+        "through the proxy, {} sessions, {requests} requests ({compacted} compacted), {} \
+         summarizer calls: {cost:.0} against {whole:.0} sent whole ({:.3}x)",
+        sample.len(),
+        calls.load(Ordering::SeqCst),
+        cost / whole
+    );
+    assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
+    assert!(compacted * 2 > requests, "most requests were compacted: {compacted} of {requests}");
+    assert!(calls.load(Ordering::SeqCst) > 0, "digests were written by the model");
+    assert!(cost <= 0.88 * whole, "{cost:.0} against {whole:.0} ({:.3}x)", cost / whole);
 }

@@ -317,8 +317,10 @@ fn a_goal_batch_is_reused_byte_for_byte() {
             goal = Some(text);
         } else if let Some(text) = &goal {
             // Past the floor the fallback may drop small user messages the block kept;
-            // otherwise the block is forwarded as stored.
-            if report.blocks_absorbed == 0 && report.blocks_invalidated == 0 && report.tier != 4 {
+            // otherwise (also under the last request's cut, which starts after the
+            // blocks) the block is forwarded as stored.
+            let cut_anew = report.tier == 4 && !report.cut_reused;
+            if report.blocks_absorbed == 0 && report.blocks_invalidated == 0 && !cut_anew {
                 reused += usize::from(forwarded.get(..text.len()) == Some(&text[..]));
             }
         }

@@ -186,10 +186,12 @@ async fn a_slow_summarizer_makes_almost_no_request_wait() {
         seen.folds,
         seen.waits
     );
+    // A fold rewrites the forwarded prefix once (twice only when the request that makes
+    // it due cannot fit without a cut); the fallback's stable cuts add a few more.
     assert!(
-        seen.rewrites <= seen.folds,
-        "a fold rewrites the forwarded prefix once, not once per request while its digest \
-         is written: {} rewrites for {} folds",
+        seen.rewrites * 2 < seen.folds * 3,
+        "the forwarded prefix changes about once per fold, not once per request while a \
+         digest is written, nor twice per fold: {} rewrites for {} folds",
         seen.rewrites,
         seen.folds
     );

@@ -10,7 +10,13 @@
 //! of a few hundred tokens; at message granularity the difference is small against the
 //! sizes compared here.
 
+use std::sync::Arc;
+
 use serde::Serialize;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::compaction::tokens::{Counter, Encoding, REPLY_PRIMING, TokenCache};
+use crate::model::Message;
 
 /// One entry of a prompt: a hash of its exact text and its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +37,25 @@ pub struct Prompt {
 }
 
 impl Prompt {
+    /// A request's prompt as priced: its tool definitions, then its messages, each with
+    /// its tokens (counted with `encoding`, through `cache`).
+    pub fn of(
+        messages: &[Arc<Message>],
+        tools: Option<&str>,
+        encoding: Encoding,
+        cache: &mut TokenCache,
+    ) -> Self {
+        let mut counter = Counter { encoding, cache };
+        let mut entries = Vec::with_capacity(messages.len() + 1);
+        if let Some(tools) = tools {
+            let tokens = counter.tools(Some(tools));
+            entries.push(Entry { hash: xxh3_64(tools.as_bytes()), tokens });
+        }
+        entries
+            .extend(messages.iter().map(|m| Entry { hash: m.hash(), tokens: counter.message(m) }));
+        Self { entries, other: REPLY_PRIMING }
+    }
+
     /// All its tokens.
     pub fn tokens(&self) -> usize {
         self.other + self.entries.iter().map(|e| e.tokens).sum::<usize>()

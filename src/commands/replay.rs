@@ -12,13 +12,12 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use async_trait::async_trait;
-use xxhash_rust::xxh3::xxh3_64;
 
-use super::cost::{Charge, Entry, Meter, Prompt};
+use super::cost::{Charge, Meter, Prompt};
 use crate::api::{self, Api};
 use crate::cli::ReplayArgs;
 use crate::compaction::check::verify;
-use crate::compaction::tokens::{Counter, Encoding, REPLY_PRIMING};
+use crate::compaction::tokens::Counter;
 use crate::compaction::{Budget, Engine, Options, Outcome, SessionState, TokenCache};
 use crate::model::{ChatRequest, Message, ModelError, Role, is_user_words};
 use crate::summarizer::llm::LlmSummarizer;
@@ -284,22 +283,6 @@ impl Summarizer for Metered<'_> {
     }
 }
 
-/// A prompt as priced: tool definitions, then messages, each with its tokens.
-fn priced(
-    messages: &[Arc<Message>],
-    tools: Option<&str>,
-    encoding: Encoding,
-    cache: &mut TokenCache,
-) -> Prompt {
-    let mut counter = Counter { encoding, cache };
-    let mut entries = Vec::with_capacity(messages.len() + 1);
-    if let Some(tools) = tools {
-        entries.push(Entry { hash: xxh3_64(tools.as_bytes()), tokens: counter.tools(Some(tools)) });
-    }
-    entries.extend(messages.iter().map(|m| Entry { hash: m.hash(), tokens: counter.message(m) }));
-    Prompt { entries, other: REPLY_PRIMING }
-}
-
 /// Replays one conversation through `engine`.
 pub async fn replay_conversation(
     engine: &Engine,
@@ -343,16 +326,22 @@ pub async fn replay_conversation(
         // Summarizer calls go out before the request they compact, after the previous one.
         let calls = std::mem::take(&mut *metered.prompts.lock().unwrap_or_else(|e| e.into_inner()));
         for call in &calls {
-            let prompt = priced(&call.messages, call.tools.as_deref(), encoding, &mut prices);
+            let prompt = Prompt::of(&call.messages, call.tools.as_deref(), encoding, &mut prices);
             stats.summarizer.add(sent.side_call(&prompt));
             stats.summarizer_calls += 1;
         }
-        let (charge, repeats) =
-            sent.send(priced(forwarded.messages(), forwarded.tools_raw(), encoding, &mut prices));
+        let (charge, repeats) = sent.send(Prompt::of(
+            forwarded.messages(),
+            forwarded.tools_raw(),
+            encoding,
+            &mut prices,
+        ));
         stats.forwarded.add(charge);
         stats.prefix_repeats += usize::from(repeats);
         stats.whole.add(
-            whole.send(priced(request.messages(), request.tools_raw(), encoding, &mut prices)).0,
+            whole
+                .send(Prompt::of(request.messages(), request.tools_raw(), encoding, &mut prices))
+                .0,
         );
         stats.requests += 1;
         stats.compacted += usize::from(matches!(outcome, Outcome::Compacted { .. }));

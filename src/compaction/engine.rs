@@ -190,11 +190,13 @@ impl Engine {
         let src = Sources { msgs, units: &units, tokens: &tokens, fixed, keep: &keep };
         let mut plan = src.plan(blocks, &mut counter)?;
         // The last request's cut, while it still keeps the prompt under the trigger: the
-        // prefix stays as it was forwarded. A cut made for a postponed fold is reused only
-        // where that fold is made (below), so the fold stays due.
+        // prefix stays as it was forwarded, also when the prompt without it would now be
+        // under the trigger (stubs are not taken back one request after they were made).
+        // A cut made for a postponed fold is reused only where that fold is made (below),
+        // so the fold stays due.
         let blocks_end = blocks.last().map_or(0, |b| b.end);
         let mut recut = None;
-        if !opts.force && !cut.is_empty() && plan.total() > budget.trigger {
+        if !opts.force && !cut.is_empty() {
             match plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)? {
                 Some(kept) if kept.total() <= budget.trigger && !*cut_postponed => {
                     plan = kept;

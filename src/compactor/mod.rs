@@ -325,13 +325,17 @@ impl Compactor {
                     Ok(Ok(_)) => {}
                 };
             };
-            // Keep the block unless the conversation moved past where it starts meanwhile;
-            // whether it still matches the messages is checked again when it is applied.
+            // Keep the block unless the conversation moved past where it starts meanwhile
+            // (a block from message 0 takes the place of the stored ones it absorbed, if it
+            // reaches past them); whether it still matches the messages is checked again
+            // when it is applied.
             let guard = inner.locks.lock(&key).await;
+            let continues = |latest: &SessionState| {
+                let end = latest.blocks.last().map_or(0, |b| b.end);
+                block.start == end || (block.start == 0 && block.end > end)
+            };
             let stored = match inner.store.load(&key).await {
-                Ok(Some(Loaded { state: mut latest, revision }))
-                    if latest.blocks.last().map_or(0, |b| b.end) == block.start =>
-                {
+                Ok(Some(Loaded { state: mut latest, revision })) if continues(&latest) => {
                     latest.pending = Some(block);
                     inner.store.save(&key, latest, revision).await
                 }
