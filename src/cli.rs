@@ -84,7 +84,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub json: bool,
     /// The API shape of the records: `chat` (`messages`, `tools`, `model`), `responses`
-    /// (a Responses request body: `input`, `instructions`, `tools`, `model`).
+    /// (a Responses request body: `input`, `instructions`, `tools`, `model`), `messages`
+    /// (an Anthropic Messages request body: `system`, `messages`, `tools`, `model`).
     #[arg(long, value_enum, default_value_t = ApiShape::Chat)]
     pub api: ApiShape,
     /// Set `max_tokens` (the reply reserve) on every request.

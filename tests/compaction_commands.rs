@@ -81,3 +81,49 @@ fn replay_reports_totals_and_exits_zero_without_violations() {
     assert!(v["total"]["compacted"].as_u64().unwrap() > 0);
     assert_eq!(v["total"]["violations"], json!({}));
 }
+
+#[test]
+fn compact_and_replay_read_anthropic_messages_bodies() {
+    let dir = std::env::temp_dir().join(format!("foldgate-messages-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut messages = vec![json!({"role": "user", "content": "Fix the parser. Keep the API."})];
+    for r in 0..12 {
+        let id = format!("toolu_{r}");
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "read it", "signature": format!("sig{r}")},
+            {"type": "tool_use", "id": id, "name": "read", "input": {"path": format!("src/m{r}.rs")}}]}));
+        let output = format!("fn f{r}() {{}}\n{}", "let x = 1;\n".repeat(300));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": output}]}));
+    }
+    let body = serde_json::to_vec(&json!({"model": "claude-sonnet-4-5", "max_tokens": 1024,
+        "system": "You are a coding agent.", "messages": messages}))
+    .unwrap();
+    let file = dir.join("messages.json");
+    std::fs::write(&file, &body).unwrap();
+    let out = foldgate()
+        .args(["compact", "--api", "messages", "--window", "8000"])
+        .arg(&file)
+        .env_remove("FOLDGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let forwarded: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.stdout.len() < body.len());
+    assert_eq!(forwarded["system"], "You are a coding agent.");
+    let sent = forwarded["messages"].as_array().unwrap();
+    assert_eq!(sent[0]["role"], "user");
+    assert!(sent.windows(2).all(|w| w[0]["role"] != w[1]["role"]));
+    // A replay record is a Messages body.
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(&trace, [&body[..], b"\n"].concat()).unwrap();
+    let out = foldgate()
+        .args(["replay", "--api", "messages", "--window", "8000", "--json"])
+        .arg(&trace)
+        .env_remove("FOLDGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["total"]["compacted"].as_u64().unwrap() > 0, "{report}");
+}

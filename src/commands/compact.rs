@@ -1,5 +1,6 @@
 //! `foldgate compact`: a dry run of the engine on one request body (chat completions, or
-//! with `--api responses` a Responses body). The body to forward goes to stdout (JSON
+//! with `--api responses` a Responses body, with `--api messages` an Anthropic Messages
+//! body). The body to forward goes to stdout (JSON
 //! only), the report to stderr.
 
 use std::io::{Read, Write};
@@ -15,10 +16,7 @@ use crate::summarizer::ExtractiveSummarizer;
 /// Runs `foldgate compact`.
 #[allow(clippy::print_stderr)]
 pub fn run(args: &CompactArgs) -> ExitCode {
-    let api = match super::api_of(args.api, "compact") {
-        Ok(api) => api,
-        Err(code) => return code,
-    };
+    let api = super::api_of(args.api);
     let cfg = match super::load_compaction(args.config.config.as_deref()) {
         Ok(c) => c,
         Err(code) => return code,
@@ -43,8 +41,23 @@ pub fn run(args: &CompactArgs) -> ExitCode {
     let body = Bytes::from(body);
     let compacted = match api {
         Api::Chat => rt.block_on(engine.compact(&body, &mut state, &ExtractiveSummarizer, &opts)),
-        // `api_of` refuses it until its conversion exists.
-        Api::Messages => return ExitCode::from(2),
+        Api::Messages => {
+            let Some((request, origins)) = api::messages::parse(&body) else {
+                eprintln!(
+                    "foldgate compact: forwarded unchanged: not a Messages request foldgate understands"
+                );
+                let _ = std::io::stdout().write_all(&body);
+                return ExitCode::FAILURE;
+            };
+            let run = engine.compact_request(&request, &mut state, &ExtractiveSummarizer, &opts);
+            rt.block_on(run).map(|outcome| match outcome {
+                Outcome::Compacted { request, report, .. } => {
+                    let body = api::messages::render(&body, &origins, &request).to_vec();
+                    Outcome::Compacted { body, request, report }
+                }
+                unchanged @ Outcome::Unchanged { .. } => unchanged,
+            })
+        }
         Api::Responses => {
             let Some((request, origins)) = api::responses::parse(&body) else {
                 eprintln!(

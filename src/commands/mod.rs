@@ -10,22 +10,12 @@ use crate::api::Api;
 use crate::cli::ApiShape;
 use crate::config::{CompactionConfig, Config, ConfigSource, resolve_file};
 
-/// The API shape `--api` names; `Err` (exit code 2, after printing why) for a shape the
-/// offline commands cannot read yet.
-fn api_of(shape: ApiShape, command: &str) -> Result<Api, ExitCode> {
+/// The API shape `--api` names.
+fn api_of(shape: ApiShape) -> Api {
     match shape {
-        ApiShape::Chat => Ok(Api::Chat),
-        ApiShape::Responses => Ok(Api::Responses),
-        ApiShape::Messages => {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!(
-                    "foldgate {command}: --api messages is not yet supported (Anthropic Messages \
-                     bodies are not converted yet); use --api chat or --api responses"
-                );
-            }
-            Err(ExitCode::from(2))
-        }
+        ApiShape::Chat => Api::Chat,
+        ApiShape::Responses => Api::Responses,
+        ApiShape::Messages => Api::Messages,
     }
 }
 

@@ -257,6 +257,37 @@ impl Conversation {
     }
 }
 
+impl Conversation {
+    /// Reads one record that is an Anthropic Messages request body (`system`, `messages`,
+    /// `tools`, `model`; with optional `id` and `meta.family`) through the Messages
+    /// conversion: the conversation is its neutral messages.
+    pub fn from_messages(
+        line_text: &str,
+        record: &Value,
+        line: usize,
+        model: Option<&str>,
+    ) -> Result<Self, ReplayError> {
+        let (request, _) =
+            api::messages::parse(line_text.as_bytes()).ok_or_else(|| ReplayError::Record {
+                line,
+                message: "not a Messages request foldgate understands".to_owned(),
+            })?;
+        let mut fields = Map::new();
+        let model = model.map(str::to_owned).or_else(|| request.model());
+        fields.insert("model".into(), Value::String(model.unwrap_or_default()));
+        if let Some(tools) = request.tools() {
+            fields.insert("tools".into(), tools);
+        }
+        let id = record
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("line-{line}"), str::to_owned);
+        let family =
+            record.pointer("/meta/family").and_then(Value::as_str).unwrap_or_default().to_owned();
+        Ok(Self { id, family, fields, messages: request.messages().to_vec() })
+    }
+}
+
 /// Records what a model summarizer sends, for pricing.
 struct Metered<'a> {
     inner: &'a dyn Summarizer,
@@ -409,8 +440,7 @@ pub async fn replay_file(
 }
 
 /// [`replay_file`] for records of the API shape `api`: chat records (`messages`), or
-/// Responses request bodies read through their conversion (`Messages` is read as chat
-/// until its conversion exists; `run` refuses it).
+/// Responses or Anthropic Messages request bodies read through their conversion.
 pub async fn replay_file_as(
     api: Api,
     path: &std::path::Path,
@@ -432,7 +462,8 @@ pub async fn replay_file_as(
         let model = opts.engine.model.as_deref();
         let mut conv = match api {
             Api::Responses => Conversation::from_responses(&line, &record, n + 1, model)?,
-            Api::Chat | Api::Messages => Conversation::from_record(&record, n + 1, model)?,
+            Api::Messages => Conversation::from_messages(&line, &record, n + 1, model)?,
+            Api::Chat => Conversation::from_record(&record, n + 1, model)?,
         };
         if let Some(max) = opts.max_tokens {
             conv.fields.insert("max_tokens".into(), Value::from(max));
@@ -551,10 +582,7 @@ pub fn cost_line(total: &ReplayStats, price: f64) -> String {
 /// Runs `foldgate replay`.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &ReplayArgs) -> ExitCode {
-    let api = match super::api_of(args.api, "replay") {
-        Ok(api) => api,
-        Err(code) => return code,
-    };
+    let api = super::api_of(args.api);
     let config = match super::load_config(args.config.config.as_deref()) {
         Ok(c) => c,
         Err(code) => return code,
