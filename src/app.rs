@@ -12,6 +12,7 @@ use crate::compactor::{Compactor, Sharing};
 use crate::config::{Config, StoreKind, SummarizerKind};
 use crate::http::Server;
 use crate::http::conversation::{Conversations, Summarizers};
+use crate::http::inspect::Inspector;
 use crate::http::server::{Listeners, ServerError};
 use crate::metrics::{Metrics, StoreOp};
 use crate::session::{
@@ -66,6 +67,9 @@ fn build_pipeline(
     };
     let session_header = HeaderName::from_bytes(config.session.header.as_bytes())
         .map_err(|e| AppError::SessionHeader(e.to_string()))?;
+    let inspector = config.admin.enabled().then(|| {
+        Arc::new(Inspector::new(store.clone(), config.admin.history, config.admin.tenant_view))
+    });
     let chat = Conversations {
         compactor: Compactor::sharing(
             Engine::new(config.compaction.clone()),
@@ -83,6 +87,7 @@ fn build_pipeline(
         session_header,
         enabled: config.compaction.enabled,
         compaction_runtime,
+        inspector,
     };
     Ok((chat, metrics))
 }

@@ -80,6 +80,9 @@ pub struct Decision {
     /// How long the request waited for a digest (a summarizer call, or a background
     /// fold of its conversation to land); zero when it did not.
     pub fold_wait: Duration,
+    /// The original message ranges `[start, end)` of the fold blocks this request made
+    /// (for the session inspector).
+    pub new_blocks: Vec<(usize, usize)>,
     /// A fold was needed while a background fold of the conversation ran.
     blocked: bool,
 }
@@ -448,6 +451,7 @@ impl Inner {
                 return Decision::failed_open(panic_message(panic.as_ref()), store_error);
             }
         };
+        let new_blocks = made_blocks(&state, &outcome);
         // A shared store already refreshed the expiry on load: write only what changed.
         if !self.store.is_shared() || fingerprint(&state) != before {
             if let Err(e) = self.save(key, state, revision).await {
@@ -474,9 +478,17 @@ impl Inner {
             store_error,
             error: None,
             fold_wait,
+            new_blocks,
             blocked,
         }
     }
+}
+
+/// The ranges of the fold blocks `outcome`'s request made: the last ones of `state`.
+fn made_blocks(state: &SessionState, outcome: &Outcome) -> Vec<(usize, usize)> {
+    let (Outcome::Unchanged { report } | Outcome::Compacted { report, .. }) = outcome;
+    let made = &state.blocks[state.blocks.len().saturating_sub(report.blocks_new)..];
+    made.iter().map(|b| (b.start, b.end)).collect()
 }
 
 impl Inner {
@@ -550,6 +562,7 @@ impl Decision {
             store_error: false,
             error: None,
             fold_wait: Duration::ZERO,
+            new_blocks: Vec::new(),
             blocked: false,
         }
     }
@@ -564,6 +577,7 @@ impl Decision {
             store_error: false,
             error: None,
             fold_wait: Duration::ZERO,
+            new_blocks: Vec::new(),
             blocked: false,
         }
     }
@@ -578,6 +592,7 @@ impl Decision {
             store_error,
             error: Some(error),
             fold_wait: Duration::ZERO,
+            new_blocks: Vec::new(),
             blocked: false,
         }
     }

@@ -6,6 +6,7 @@
 //! `FOLDGATE_UPSTREAM_URL`. Every error names the key and where its value came from.
 //! This module imports nothing else of the crate.
 
+mod admin;
 mod bytesize;
 mod compaction;
 mod env;
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use admin::AdminConfig;
 pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
 pub use secret::{Secret, SecretUrl};
@@ -44,6 +46,8 @@ pub struct Config {
     pub summarizer: SummarizerConfig,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsConfig,
+    /// The session inspector.
+    pub admin: AdminConfig,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -296,6 +300,7 @@ impl Config {
         }
         self.session.validate()?;
         self.summarizer.validate()?;
+        self.admin.validate()?;
         self.compaction.validate()
     }
 

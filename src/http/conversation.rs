@@ -44,6 +44,8 @@ pub struct Conversations {
     /// Where compaction runs when it should not block the connection's thread (token
     /// counting and folding take milliseconds); `None` runs it on the calling task.
     pub compaction_runtime: Option<tokio::runtime::Handle>,
+    /// The session inspector, when on (`admin.listen`): every request is recorded.
+    pub inspector: Option<Arc<super::inspect::Inspector>>,
 }
 
 /// One request of a conversation, from its decision to its recorded outcome.
@@ -306,9 +308,12 @@ impl<D: Dialect> Turn<'_, D> {
         Some(Retry { body: self.dialect.render(self.original, origins, &compacted), started })
     }
 
-    /// Records what happened to the request in the metrics.
+    /// Records what happened to the request in the metrics (and the session inspector).
     pub fn record(&self) {
         let (metrics, decision) = (self.metrics, &self.decision);
+        if let Some(inspector) = &self.conversations.inspector {
+            inspector.record(self.headers, &self.key, self.model, decision, self.retried);
+        }
         let outcome = outcome_label(decision.outcome);
         let route = self.dialect.route();
         metrics.chat_request(route, outcome);

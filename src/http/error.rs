@@ -30,6 +30,16 @@ pub enum ProxyError {
     /// The proxy is shutting down.
     #[error("foldgate is shutting down")]
     ShuttingDown,
+    /// The session inspector needs a credential the request did not carry (what it
+    /// needs is named; the value is never shown).
+    #[error("the session inspector needs {0}: send it as `Authorization: Bearer <token>`")]
+    Unauthorized(&'static str),
+    /// No such session (or not the caller's).
+    #[error("no such session")]
+    SessionNotFound,
+    /// The session store could not answer the session inspector.
+    #[error("session store unavailable: {0}")]
+    StoreUnavailable(String),
 }
 
 impl ProxyError {
@@ -51,6 +61,15 @@ impl ProxyError {
             }
             Self::ShuttingDown => {
                 (StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down")
+            }
+            Self::Unauthorized(_) => {
+                (StatusCode::UNAUTHORIZED, "invalid_request_error", "unauthorized")
+            }
+            Self::SessionNotFound => {
+                (StatusCode::NOT_FOUND, "invalid_request_error", "session_not_found")
+            }
+            Self::StoreUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "server_error", "session_store_unavailable")
             }
         }
     }

@@ -8,6 +8,7 @@ pub mod conversation;
 pub mod dialect;
 mod error;
 mod headers;
+pub mod inspect;
 pub mod layers;
 mod linger;
 mod passthrough;

@@ -1,4 +1,5 @@
-//! The router: local endpoints, then the OpenAI API under `/v1/`.
+//! The router: local endpoints (and each tenant's session inspector under
+//! `/foldgate/`), then the OpenAI API under `/v1/`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -164,6 +165,11 @@ async fn dispatch(
             )
             .await,
         ),
+        (_, p) if p.starts_with("/foldgate/") => {
+            let inspector = state.chat.inspector.as_deref();
+            let (method, headers) = (request.method(), request.headers());
+            (Route::Local, super::inspect::tenant::handle(inspector, method, p, headers).await)
+        }
         _ => (Route::Unknown, Err(ProxyError::NotFound(path.to_owned()))),
     }
 }

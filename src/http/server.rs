@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
 use super::conversation::Conversations;
+use super::inspect::admin::{self, Admin};
 use super::layers::{AccessLogLayer, RequestIdLayer};
 use super::linger::{LINGER_SLACK, Linger, LingerFlag, LingerIo};
 use super::routes::{AppState, Router};
@@ -43,6 +44,8 @@ pub struct Server {
     listener: TcpListener,
     /// A separate listener for `/metrics` (`metrics.listen`) and its path.
     metrics_listener: Option<(TcpListener, String)>,
+    /// The session inspector's listener (`admin.listen`) and what it serves.
+    admin_listener: Option<(TcpListener, Arc<Admin>)>,
     state: Arc<AppState>,
     grace: Duration,
     /// The most a lingering close reads: `server.max_body_size` plus some slack.
@@ -57,6 +60,8 @@ pub struct Listeners {
     pub proxy: std::net::TcpListener,
     /// `metrics.listen`, when metrics have a port of their own.
     pub metrics: Option<std::net::TcpListener>,
+    /// `admin.listen`, when the session inspector is on.
+    pub admin: Option<std::net::TcpListener>,
 }
 
 impl Listeners {
@@ -68,18 +73,21 @@ impl Listeners {
             (true, Some(addr)) => Some(bind(addr)?),
             _ => None,
         };
-        Ok(Self { proxy: bind(config.server.listen)?, metrics })
+        let admin = config.admin.listen.map(bind).transpose()?;
+        Ok(Self { proxy: bind(config.server.listen)?, metrics, admin })
     }
 
     /// Another handle on the proxy socket, for one more connection thread.
     pub fn share(&self) -> std::io::Result<Self> {
-        Ok(Self { proxy: self.proxy.try_clone()?, metrics: None })
+        Ok(Self { proxy: self.proxy.try_clone()?, metrics: None, admin: None })
     }
 
-    /// Another handle on every socket, for the thread that also serves metrics.
+    /// Another handle on every socket, for the thread that also serves metrics (and
+    /// the session inspector).
     pub fn share_all(&self) -> std::io::Result<Self> {
         let metrics = self.metrics.as_ref().map(std::net::TcpListener::try_clone).transpose()?;
-        Ok(Self { proxy: self.proxy.try_clone()?, metrics })
+        let admin = self.admin.as_ref().map(std::net::TcpListener::try_clone).transpose()?;
+        Ok(Self { proxy: self.proxy.try_clone()?, metrics, admin })
     }
 }
 
@@ -142,9 +150,20 @@ impl Server {
             )),
             None => None,
         };
+        let admin_listener = match (listeners.admin, &state.chat.inspector) {
+            (Some(listener), Some(inspector)) => Some((
+                TcpListener::from_std(listener).map_err(|source| ServerError::Bind {
+                    addr: config.admin.listen.unwrap_or(addr),
+                    source,
+                })?,
+                Arc::new(Admin::new(inspector.clone(), config.admin.token.expose())),
+            )),
+            _ => None,
+        };
         Ok(Self {
             listener,
             metrics_listener,
+            admin_listener,
             state,
             grace: config.server.shutdown_grace,
             max_drain: config.server.max_body_size.0.saturating_add(LINGER_SLACK),
@@ -160,6 +179,11 @@ impl Server {
     /// The bound address of the separate metrics listener, if configured.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_listener.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// The bound address of the session inspector's listener, if configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` resolves, then stops accepting and lets in-flight
@@ -183,6 +207,8 @@ impl Server {
         let metrics_task = self.metrics_listener.map(|(listener, path)| {
             tokio::spawn(serve_metrics(listener, path, self.state.metrics.clone()))
         });
+        let admin_task =
+            self.admin_listener.map(|(listener, api)| tokio::spawn(admin::serve(listener, api)));
         let sweeper = self.housekeeping.then(|| tokio::spawn(sweep_sessions(self.state.clone())));
         let pacer = tokio::spawn(pace_timers(self.state.clone()));
         let graceful = GracefulShutdown::new();
@@ -235,6 +261,9 @@ impl Server {
         }
         pacer.abort();
         if let Some(task) = metrics_task {
+            task.abort();
+        }
+        if let Some(task) = admin_task {
             task.abort();
         }
     }

@@ -22,6 +22,19 @@ pub fn credential(headers: &HeaderMap) -> Option<(&'static str, &http::HeaderVal
     CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(*name).map(|v| (*name, v)))
 }
 
+/// The tenant of a request: a hash of its credential, the same credential that scopes
+/// its session keys (the session inspector lists a tenant's sessions by it); `None`
+/// without a credential.
+pub fn tenant(headers: &HeaderMap) -> Option<String> {
+    let (name, value) = credential(headers)?;
+    let mut hash = Sha256::new();
+    hash.update(b"foldgate/tenant/v1\0");
+    hash.update(name.as_bytes());
+    hash.update(b"\0");
+    hash.update(value.as_bytes());
+    Some(hex(&hash.finalize()[..16]))
+}
+
 /// The session key of `request`: tenant-scoped, from `session_header` or a fingerprint.
 pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequest) -> SessionKey {
     key(headers, session_header, || {
@@ -185,6 +198,15 @@ mod tests {
             session_key(&h, "x-session-id", &user_only)
         );
         assert_eq!(hex(&[0x00, 0x9f, 0xa0, 0xff]), "009fa0ff");
+    }
+
+    #[test]
+    fn a_tenant_is_its_credential_hashed() {
+        let a = tenant(&headers(&[("authorization", "Bearer sk-a")])).unwrap();
+        assert_eq!(Some(&a), tenant(&headers(&[("authorization", "Bearer sk-a")])).as_ref());
+        assert_ne!(Some(&a), tenant(&headers(&[("authorization", "Bearer sk-b")])).as_ref());
+        assert!(a.len() == 32 && !a.contains("sk-a"));
+        assert_eq!(tenant(&headers(&[("x-session-id", "s")])), None);
     }
 
     #[test]

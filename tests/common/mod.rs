@@ -148,6 +148,8 @@ pub struct Proxy {
     pub addr: SocketAddr,
     /// The separate metrics listener, when `metrics.listen` is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// The session inspector's listener, when `admin.listen` is set.
+    pub admin_addr: Option<SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     pub task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -158,11 +160,12 @@ impl Proxy {
         let server = foldgate::app::build_server(&config).await.unwrap();
         let addr = server.local_addr().unwrap();
         let metrics_addr = server.metrics_addr();
+        let admin_addr = server.admin_addr();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
             let _ = rx.await;
         }));
-        Self { addr, metrics_addr, shutdown: Some(tx), task: Some(task) }
+        Self { addr, metrics_addr, admin_addr, shutdown: Some(tx), task: Some(task) }
     }
 
     pub async fn to(upstream_url: &str) -> Self {

@@ -1,0 +1,159 @@
+//! The session inspector: what foldgate did to each conversation (its fold blocks with
+//! the digests that replaced them, its drops, its last requests' tokens before and
+//! after), for operators on an address of their own (`admin.listen`, see [`admin`]) and
+//! for each tenant under the proxy port at `/foldgate/sessions` (see [`tenant`]).
+//!
+//! Off by default. When on, every chat request adds an entry to its conversation's
+//! inspection record in the session store ([`Inspector::record`]); the views read those
+//! records and the conversations' stored state.
+
+pub mod admin;
+pub mod tenant;
+mod views;
+
+use std::sync::Arc;
+
+use http::{HeaderMap, Response, StatusCode, header};
+
+use super::body::{ProxyBody, full};
+use super::error::ProxyError;
+use crate::compaction::SessionState;
+use crate::compactor::{ChatOutcome, Decision};
+use crate::session::record::{FoldEntry, RequestEntry, RequestOutcome, now_ms};
+use crate::session::{RecordUpdate, SessionKey, SessionStore};
+
+/// At most this many sessions are listed.
+const LIST_MAX: usize = 1000;
+
+/// Records requests into their conversations' inspection records and reads them back.
+pub struct Inspector {
+    store: Arc<dyn SessionStore<SessionState>>,
+    history: usize,
+    tenant_view: bool,
+}
+
+impl Inspector {
+    /// An inspector over `store`, keeping `history` requests per conversation; serving
+    /// tenants their own sessions when `tenant_view`.
+    pub fn new(
+        store: Arc<dyn SessionStore<SessionState>>,
+        history: usize,
+        tenant_view: bool,
+    ) -> Self {
+        Self { store, history, tenant_view }
+    }
+
+    /// Adds what `decision` did to the record of conversation `key`; the tenant is the
+    /// hash of the request's credential. Never waits (see [`SessionStore::record`]).
+    pub fn record(
+        &self,
+        headers: &HeaderMap,
+        key: &SessionKey,
+        model: &str,
+        decision: &Decision,
+        retried: bool,
+    ) {
+        let at = now_ms();
+        let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let mut request = RequestEntry {
+            at,
+            outcome: outcome(decision.outcome),
+            wait_ms: u32::try_from(decision.fold_wait.as_millis()).unwrap_or(u32::MAX),
+            folds: u16::try_from(decision.new_blocks.len()).unwrap_or(u16::MAX),
+            retried,
+            ..RequestEntry::default()
+        };
+        if let Some(report) = &decision.report {
+            request.tokens_before = small(report.tokens_before);
+            request.tokens_after = match decision.outcome {
+                ChatOutcome::Passthrough | ChatOutcome::FailedOpen => request.tokens_before,
+                ChatOutcome::Compacted | ChatOutcome::Observed => small(report.tokens_after),
+            };
+            request.tier = report.tier.number();
+            request.messages = small(report.messages_before);
+            if request.outcome != RequestOutcome::Passthrough {
+                request.dropped = small(report.dropped);
+            }
+        }
+        let folds = decision
+            .new_blocks
+            .iter()
+            .map(|&(start, end)| FoldEntry { at, start: small(start), end: small(end) })
+            .collect();
+        let update = RecordUpdate {
+            tenant: super::session_key::tenant(headers),
+            model: model.to_owned(),
+            request,
+            folds,
+            history: self.history,
+        };
+        self.store.record(key, update);
+    }
+
+    /// The sessions, most recently seen first; only `tenant`'s when given.
+    async fn list(&self, tenant: Option<&str>) -> Result<Response<ProxyBody>, ProxyError> {
+        let found = self.store.records(tenant, LIST_MAX).await.map_err(unavailable)?;
+        Ok(json(StatusCode::OK, &views::list(&found)))
+    }
+
+    /// One session: its record and stored state. A tenant gets 404 for a session that is
+    /// not its own, exactly as for one that does not exist.
+    async fn show(
+        &self,
+        key: &str,
+        tenant: Option<&str>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let key = session_key(key)?;
+        let record = self.store.record_of(&key).await.map_err(unavailable)?;
+        if let Some(tenant) = tenant {
+            if record.as_ref().and_then(|r| r.summary.tenant.as_deref()) != Some(tenant) {
+                return Err(ProxyError::SessionNotFound);
+            }
+        }
+        let state = self.store.load(&key).await.map_err(unavailable)?.map(|l| l.state);
+        if record.is_none() && state.is_none() {
+            return Err(ProxyError::SessionNotFound);
+        }
+        let view = views::detail(&key, record.unwrap_or_default(), state.as_ref(), self.history);
+        Ok(json(StatusCode::OK, &view))
+    }
+
+    /// Forgets a session (state and record): its next request folds afresh.
+    async fn forget(&self, key: &str) -> Result<Response<ProxyBody>, ProxyError> {
+        let key = session_key(key)?;
+        if !self.store.forget(&key).await.map_err(unavailable)? {
+            return Err(ProxyError::SessionNotFound);
+        }
+        tracing::info!(session = key.as_str(), "session forgotten by the inspection API");
+        Ok(json(StatusCode::OK, &serde_json::json!({"forgotten": key.as_str()})))
+    }
+}
+
+/// A session key as given in a path: 32 lowercase hex digits, else no such session.
+fn session_key(text: &str) -> Result<SessionKey, ProxyError> {
+    let hex = text.len() == 32 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if hex { Ok(SessionKey::from_digest(text)) } else { Err(ProxyError::SessionNotFound) }
+}
+
+fn unavailable(e: crate::session::StoreError) -> ProxyError {
+    ProxyError::StoreUnavailable(e.to_string())
+}
+
+fn outcome(outcome: ChatOutcome) -> RequestOutcome {
+    match outcome {
+        ChatOutcome::Passthrough => RequestOutcome::Passthrough,
+        ChatOutcome::Compacted => RequestOutcome::Compacted,
+        ChatOutcome::Observed => RequestOutcome::Observed,
+        ChatOutcome::FailedOpen => RequestOutcome::FailedOpen,
+    }
+}
+
+/// A JSON answer that no cache keeps.
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    headers.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    response
+}

@@ -1,0 +1,210 @@
+// foldgate's session inspector: the sessions table and, for one session (#session=KEY),
+// its chart of prompt tokens per request and its digests. Plain DOM, no dependencies.
+// The admin token, when one is needed, is asked for once and kept in sessionStorage
+// (or given in the fragment as #token=..., which never reaches a server).
+"use strict";
+
+(function () {
+  const SVG = "http://www.w3.org/2000/svg";
+  let token = sessionStorage.getItem("foldgate-admin-token") || "";
+
+  function fragment() {
+    return new URLSearchParams(location.hash.slice(1));
+  }
+
+  function el(tag, attrs, ...children) {
+    const node = tag.startsWith("svg:")
+      ? document.createElementNS(SVG, tag.slice(4))
+      : document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value !== undefined && value !== null) node.setAttribute(name, String(value));
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function time(ms) {
+    return ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "–";
+  }
+
+  function api(path, options) {
+    const headers = token ? { authorization: "Bearer " + token } : {};
+    return fetch(path, Object.assign({ headers: headers, cache: "no-store" }, options || {}))
+      .then(function (response) {
+        if (response.status === 401) {
+          document.getElementById("auth").hidden = false;
+          throw new Error("the admin token is needed");
+        }
+        return response.json().then(function (body) {
+          if (!response.ok) throw new Error((body.error && body.error.message) || response.status);
+          return body;
+        });
+      });
+  }
+
+  function loadList() {
+    const status = document.getElementById("list-status");
+    return api("sessions").then(function (body) {
+      const rows = document.querySelector("#sessions tbody");
+      rows.replaceChildren();
+      const current = fragment().get("session");
+      for (const s of body.sessions) {
+        const link = el("a", { href: "#session=" + s.key }, el("code", {}, s.key.slice(0, 12) + "…"));
+        rows.append(el("tr", { class: s.key === current ? "current" : null, "data-key": s.key },
+          el("td", {}, link),
+          el("td", {}, s.model || "–"),
+          el("td", {}, time(s.last_seen)),
+          el("td", { class: "num" }, s.requests),
+          el("td", { class: "num" }, s.tokens_before + " → " + s.tokens_after),
+          el("td", { class: "num" }, s.folds),
+          el("td", { class: "num" }, s.drops),
+          el("td", { class: "num" }, s.tiers.join(" · "))));
+      }
+      status.textContent = body.sessions.length + " session(s)";
+    }).catch(function (e) {
+      status.textContent = String(e.message || e);
+      status.className = "status error";
+    });
+  }
+
+  function chart(svg, requests) {
+    svg.replaceChildren();
+    const width = 1000, height = 300, left = 56, right = 16, top = 16, bottom = 28;
+    svg.setAttribute("viewBox", "0 0 " + width + " " + height);
+    svg.setAttribute("data-points", requests.length);
+    const max = Math.max(1, ...requests.map((r) => Math.max(r.tokens_before, r.tokens_after)));
+    const n = requests.length;
+    const x = (i) => left + (n <= 1 ? (width - left - right) / 2 : (i * (width - left - right)) / (n - 1));
+    const y = (v) => top + (height - top - bottom) * (1 - v / max);
+    svg.append(el("svg:line", { class: "axis", x1: left, y1: y(0), x2: width - right, y2: y(0) }));
+    svg.append(el("svg:line", { class: "axis", x1: left, y1: top, x2: left, y2: y(0) }));
+    for (const v of [0, Math.round(max / 2), max]) {
+      svg.append(el("svg:text", { class: "tick", x: left - 6, y: y(v) + 4, "text-anchor": "end" }, v));
+    }
+    const step = Math.max(1, Math.ceil(n / 10));
+    requests.forEach(function (r, i) {
+      if (i % step === 0 || i === n - 1) {
+        svg.append(el("svg:text", { class: "tick", x: x(i), y: height - 8, "text-anchor": "middle" }, "#" + r.n));
+      }
+      if (r.folds > 0) {
+        svg.append(el("svg:line", { class: "mark-fold", x1: x(i), y1: top, x2: x(i), y2: y(0), "data-request": r.n }));
+        svg.append(el("svg:text", { class: "mark-fold-label", x: x(i) + 3, y: top + 10 }, "fold"));
+      }
+    });
+    for (const [series, field] of [["before", "tokens_before"], ["after", "tokens_after"]]) {
+      const points = requests.map((r, i) => x(i).toFixed(1) + "," + y(r[field]).toFixed(1)).join(" ");
+      svg.append(el("svg:polyline", { class: "line-" + series, points: points }));
+    }
+    requests.forEach(function (r, i) {
+      const label = "request #" + r.n + " (" + time(r.at) + "): " + r.tokens_before + " → " +
+        r.tokens_after + " tokens, tier " + r.tier + ", " + r.outcome +
+        (r.wait_ms ? ", waited " + r.wait_ms + " ms" : "") +
+        (r.folds ? ", " + r.folds + " fold(s)" : "") + (r.dropped ? ", " + r.dropped + " dropped" : "");
+      svg.append(el("svg:circle", { class: "pt pt-before", cx: x(i), cy: y(r.tokens_before), r: 2.5 }, el("svg:title", {}, label)));
+      svg.append(el("svg:circle", { class: "pt pt-after", cx: x(i), cy: y(r.tokens_after), r: 3.5, "data-request": r.n }, el("svg:title", {}, label)));
+      if (r.dropped > 0) {
+        const cx = x(i), cy = y(r.tokens_after) - 8;
+        svg.append(el("svg:path", { class: "mark-drop", d: "M" + (cx - 4) + "," + (cy - 6) + " L" + (cx + 4) + "," + (cy - 6) + " L" + cx + "," + cy + " Z" }, el("svg:title", {}, label)));
+      }
+    });
+  }
+
+  function blocks(box, session) {
+    box.replaceChildren();
+    if (!session.blocks.length) {
+      box.append(el("p", { class: "status" }, "No fold blocks (yet)."));
+      return;
+    }
+    const total = Math.max(session.messages, ...session.blocks.map((b) => b.end), 1);
+    for (const b of session.blocks) {
+      const bar = el("div", { class: "bar" }, el("i"));
+      bar.firstChild.style.left = (100 * b.start / total) + "%";
+      bar.firstChild.style.width = Math.max(1, 100 * (b.end - b.start) / total) + "%";
+      const recall = b.artifact_recall === null || b.artifact_recall === undefined
+        ? "–" : Math.round(100 * b.artifact_recall) + "%";
+      box.append(el("div", { class: "block", "data-start": b.start, "data-end": b.end },
+        el("div", { class: "range" },
+          el("b", {}, "messages " + b.start + "–" + (b.end - 1)),
+          bar,
+          el("div", { class: "meta" }, (b.end - b.start) + " message(s) replaced; " +
+            b.verbatim.length + " kept verbatim"),
+          el("div", { class: "meta" }, "by " + (b.summarizer || "–") + ", artifact recall " + recall),
+          el("div", { class: "meta" }, "folded " + time(b.folded_at))),
+        el("pre", { class: "digest" }, b.digest)));
+    }
+  }
+
+  function drops(box, session) {
+    box.replaceChildren();
+    const cut = session.cut.filter((c) => c.dropped);
+    if (!session.drops.length && !cut.length) {
+      box.append(el("p", { class: "status" }, "No messages dropped."));
+      return;
+    }
+    const list = el("ul");
+    for (const d of session.drops) {
+      list.append(el("li", { class: "drop" }, "request #" + d.request + " (" + time(d.at) + "): " + d.dropped + " message(s) not forwarded"));
+    }
+    if (cut.length) {
+      list.append(el("li", {}, "current cut drops the units starting at messages " + cut.map((c) => c.at).join(", ")));
+    }
+    box.append(list);
+  }
+
+  function loadDetail(key) {
+    const section = document.getElementById("detail");
+    if (!key) {
+      section.hidden = true;
+      return Promise.resolve();
+    }
+    section.hidden = false;
+    document.getElementById("detail-key").textContent = key;
+    const meta = document.getElementById("detail-meta");
+    return api("sessions/" + encodeURIComponent(key)).then(function (s) {
+      meta.className = "status";
+      meta.textContent = (s.model || "–") + " · " + s.requests + " request(s), the last " +
+        s.recent.length + " shown · " + s.folds + " fold(s) · tiers " + s.tiers.join(" · ") +
+        " · first seen " + time(s.first_seen) + " · last seen " + time(s.last_seen);
+      chart(document.getElementById("chart"), s.recent);
+      blocks(document.getElementById("blocks"), s);
+      drops(document.getElementById("drops"), s);
+      document.body.setAttribute("data-loaded", key);
+    }).catch(function (e) {
+      meta.textContent = String(e.message || e);
+      meta.className = "status error";
+    });
+  }
+
+  function show() {
+    const params = fragment();
+    if (params.get("token")) {
+      token = params.get("token");
+      sessionStorage.setItem("foldgate-admin-token", token);
+    }
+    return Promise.all([loadList(), loadDetail(params.get("session"))]);
+  }
+
+  document.getElementById("auth").addEventListener("submit", function (event) {
+    event.preventDefault();
+    token = document.getElementById("token").value;
+    sessionStorage.setItem("foldgate-admin-token", token);
+    document.getElementById("auth").hidden = true;
+    show();
+  });
+
+  document.getElementById("forget").addEventListener("click", function () {
+    const key = fragment().get("session");
+    if (!key || !confirm("Forget this session? Its next request folds afresh.")) return;
+    api("sessions/" + encodeURIComponent(key), { method: "DELETE" }).then(function () {
+      location.hash = "";
+    }).catch(function (e) {
+      document.getElementById("detail-meta").textContent = String(e.message || e);
+    });
+  });
+
+  window.addEventListener("hashchange", show);
+  show();
+})();
