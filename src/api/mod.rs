@@ -76,20 +76,21 @@ impl Origins {
     /// For each message of `compacted`, the index of the original neutral message it is
     /// byte-identical to, or `None` for a message the engine wrote. Matched in order: the
     /// engine keeps the order of what it keeps, so the search starts after the last
-    /// match (and only falls back to the whole list when that finds nothing).
+    /// match (and only falls back to the whole list when that finds nothing). An original
+    /// is matched at most once, so its items are never written twice.
     pub fn match_messages(&self, compacted: &[Arc<Message>]) -> Vec<Option<usize>> {
-        let same = |k: &usize, m: &Message| {
-            let o = &self.messages[*k].message;
-            o.hash() == m.hash() && o.raw() == m.raw()
-        };
+        let mut used = vec![false; self.messages.len()];
         let mut next = 0;
         compacted
             .iter()
             .map(|m| {
-                let found = (next..self.messages.len())
-                    .find(|k| same(k, m))
-                    .or_else(|| (0..next).find(|k| same(k, m)));
+                let free = |k: &usize| {
+                    let o = &self.messages[*k].message;
+                    !used[*k] && o.hash() == m.hash() && o.raw() == m.raw()
+                };
+                let found = (next..self.messages.len()).find(free).or_else(|| (0..next).find(free));
                 if let Some(k) = found {
+                    used[k] = true;
                     next = k + 1;
                 }
                 found
@@ -213,6 +214,9 @@ mod tests {
         let all = [message("a"), message("b"), message("a"), message("c")];
         assert!(o.all_unchanged(&o.match_messages(&all)));
         assert!(!o.all_unchanged(&o.match_messages(&all[..3])));
+        // An original is matched once: a second copy is a new message.
+        let twice = [message("b"), message("b")];
+        assert_eq!(o.match_messages(&twice), [Some(1), None]);
     }
 
     #[test]
