@@ -356,3 +356,81 @@ async fn a_request_below_the_trigger_is_forwarded_byte_for_byte() {
     assert_eq!(recorded[0].body, body);
     assert_eq!(recorded[0].headers["anthropic-beta"], "context-management-2025-06-27");
 }
+
+/// A POST to `/v1/messages` with an Anthropic key.
+fn messages_request(proxy: &Proxy, body: Vec<u8>) -> http::Request<TestBody> {
+    http::Request::post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-c")
+        .header("x-session-id", "calibrated")
+        .header("anthropic-version", "2023-06-01")
+        .header("content-type", "application/json")
+        .body(full(body))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn prompt_is_too_long_is_retried_compacted_and_teaches_the_window() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    let anthropic = MockUpstream::start(Arc::new(move |_rec: Recorded| {
+        let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            if n == 0 {
+                return response(
+                    400,
+                    r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 31000 tokens > 12000 maximum"}}"#,
+                );
+            }
+            response(200, r#"{"type":"message","content":[],"usage":{"input_tokens":5,"output_tokens":1}}"#)
+        })
+    }))
+    .await;
+    let mut config = config_for("http://127.0.0.1:9/v1");
+    config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
+    let proxy = Proxy::start(config).await;
+    let body = serde_json::to_vec(&params(40)).unwrap();
+    let (status, headers, _) = send(messages_request(&proxy, body.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-retried"], "1");
+    let recorded = anthropic.recorded();
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[0].body, body, "the first try went as sent");
+    assert!(recorded[1].body.len() < body.len() / 2);
+    assert_valid(&recorded[1].body);
+    // The stated window is remembered: the next request is compacted before it is sent.
+    let (status, headers, _) = send(messages_request(&proxy, body.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-learned-window"], "12000");
+    assert_eq!(headers["x-foldgate-outcome"], "compacted");
+    assert_eq!(anthropic.recorded().len(), 3);
+}
+
+#[tokio::test]
+async fn reported_usage_calibrates_the_window_of_the_model() {
+    // The provider counts one token per byte of the body: several times the engine's
+    // count, so a prompt the engine finds well below the trigger is in fact near it.
+    let anthropic = MockUpstream::start(Arc::new(|rec: Recorded| {
+        Box::pin(async move {
+            let usage = json!({"type": "message", "content": [], "usage": {
+                "input_tokens": rec.body.len() - 100, "cache_read_input_tokens": 100,
+                "output_tokens": 1}});
+            let mut r = response(200, usage.to_string());
+            r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+            r
+        })
+    }))
+    .await;
+    let mut config = config_for("http://127.0.0.1:9/v1");
+    config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
+    config.compaction.max_context_tokens = Some(40_000);
+    config.compaction.prefetch = false;
+    let proxy = Proxy::start(config).await;
+    let body = serde_json::to_vec(&params(30)).unwrap();
+    let (_, headers, _) = send(messages_request(&proxy, body.clone())).await;
+    assert_eq!(headers["x-foldgate-outcome"], "passthrough");
+    // The usage is recorded when the answer's body ends, in a task of its own.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (_, headers, _) = send(messages_request(&proxy, body.clone())).await;
+    assert_eq!(headers["x-foldgate-outcome"], "compacted", "{headers:?}");
+    assert_valid(&anthropic.recorded()[1].body);
+}
