@@ -215,14 +215,33 @@ impl Conversation {
         if let Some(tools) = record.get("tools").filter(|t| !t.is_null()) {
             fields.insert("tools".into(), tools.clone());
         }
-        let id = record
-            .get("id")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("line-{line}"), str::to_owned);
-        let family =
-            record.pointer("/meta/family").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let (id, family) = record_names(record, line);
         Ok(Self { id, family, fields, messages })
     }
+
+    /// The conversation of a request another API shape was read into: its neutral
+    /// messages, model (or `model`, when given) and tools.
+    fn of_neutral(request: &ChatRequest, record: &Value, line: usize, model: Option<&str>) -> Self {
+        let mut fields = Map::new();
+        let model = model.map(str::to_owned).or_else(|| request.model());
+        fields.insert("model".into(), Value::String(model.unwrap_or_default()));
+        if let Some(tools) = request.tools() {
+            fields.insert("tools".into(), tools);
+        }
+        let (id, family) = record_names(record, line);
+        Self { id, family, fields, messages: request.messages().to_vec() }
+    }
+}
+
+/// A record's `id` (else `line-N`) and `meta.family` (else empty).
+fn record_names(record: &Value, line: usize) -> (String, String) {
+    let id = record
+        .get("id")
+        .and_then(Value::as_str)
+        .map_or_else(|| format!("line-{line}"), str::to_owned);
+    let family =
+        record.pointer("/meta/family").and_then(Value::as_str).unwrap_or_default().to_owned();
+    (id, family)
 }
 
 impl Conversation {
@@ -241,19 +260,7 @@ impl Conversation {
         if origins.server_state {
             return Err(err("relies on state the provider keeps (previous_response_id)"));
         }
-        let mut fields = Map::new();
-        let model = model.map(str::to_owned).or_else(|| request.model());
-        fields.insert("model".into(), Value::String(model.unwrap_or_default()));
-        if let Some(tools) = request.tools() {
-            fields.insert("tools".into(), tools);
-        }
-        let id = record
-            .get("id")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("line-{line}"), str::to_owned);
-        let family =
-            record.pointer("/meta/family").and_then(Value::as_str).unwrap_or_default().to_owned();
-        Ok(Self { id, family, fields, messages: request.messages().to_vec() })
+        Ok(Self::of_neutral(&request, record, line, model))
     }
 }
 
@@ -272,19 +279,7 @@ impl Conversation {
                 line,
                 message: "not a Messages request foldgate understands".to_owned(),
             })?;
-        let mut fields = Map::new();
-        let model = model.map(str::to_owned).or_else(|| request.model());
-        fields.insert("model".into(), Value::String(model.unwrap_or_default()));
-        if let Some(tools) = request.tools() {
-            fields.insert("tools".into(), tools);
-        }
-        let id = record
-            .get("id")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("line-{line}"), str::to_owned);
-        let family =
-            record.pointer("/meta/family").and_then(Value::as_str).unwrap_or_default().to_owned();
-        Ok(Self { id, family, fields, messages: request.messages().to_vec() })
+        Ok(Self::of_neutral(&request, record, line, model))
     }
 }
 

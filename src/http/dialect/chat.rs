@@ -3,19 +3,15 @@
 //! engine wrote is forwarded, no copy); overflow errors are recognised by code or
 //! message, as OpenAI and compatible providers word them.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use http::{HeaderMap, Response, StatusCode};
+use http::HeaderMap;
 
 use super::Dialect;
 use crate::api;
 use crate::compaction::{Engine, Options, Report};
 use crate::compactor::Rewritten;
-use crate::http::body::ProxyBody;
-use crate::http::session_key::{session_key, session_key_of_outline};
-use crate::http::usage_tap::tapped;
-use crate::metrics::{Metrics, Route};
+use crate::http::session_key::session_key_of_outline;
+use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::outline::Outline;
 use crate::session::SessionKey;
@@ -62,38 +58,12 @@ impl Dialect for ChatCompletions {
         api::chat::parse(body).map(|request| (request, ()))
     }
 
-    fn session_key(
-        &self,
-        headers: &HeaderMap,
-        session_header: &str,
-        request: &ChatRequest,
-    ) -> SessionKey {
-        session_key(headers, session_header, request)
-    }
-
     fn render(&self, _original: &Bytes, _origins: &(), compacted: &Rewritten) -> Bytes {
         compacted.body.clone()
     }
 
-    fn may_overflow(&self, status: StatusCode) -> bool {
-        matches!(status, StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE)
-    }
-
     fn is_overflow(&self, error_body: &[u8]) -> bool {
         is_context_overflow(error_body)
-    }
-
-    fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
-        stated_window(error_body)
-    }
-
-    fn tap_usage(
-        &self,
-        response: Response<ProxyBody>,
-        metrics: &Arc<Metrics>,
-        model: Option<&'static str>,
-    ) -> Response<ProxyBody> {
-        tapped(response, metrics, model)
     }
 }
 

@@ -18,15 +18,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, Response};
 
 use super::Dialect;
-use super::chat::stated_window;
 use crate::api::{self, Origins};
 use crate::compaction::{Budget, Engine, Options, Report};
 use crate::compactor::Rewritten;
 use crate::http::body::ProxyBody;
-use crate::http::session_key::{session_key, session_key_of_parts};
+use crate::http::session_key::session_key_of_parts;
 use crate::http::usage_tap::{OnUsage, tapped_with};
 use crate::metrics::{Metrics, Route};
 use crate::model::{ChatRequest, Role};
@@ -128,38 +127,12 @@ impl Dialect for Messages {
         api::messages::parse(body)
     }
 
-    fn session_key(
-        &self,
-        headers: &HeaderMap,
-        session_header: &str,
-        request: &ChatRequest,
-    ) -> SessionKey {
-        session_key(headers, session_header, request)
-    }
-
     fn render(&self, original: &Bytes, origins: &Origins, compacted: &Rewritten) -> Bytes {
         api::messages::render(original, origins, &compacted.request)
     }
 
-    fn may_overflow(&self, status: StatusCode) -> bool {
-        matches!(status, StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE)
-    }
-
     fn is_overflow(&self, error_body: &[u8]) -> bool {
         is_prompt_too_long(error_body)
-    }
-
-    fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
-        stated_window(error_body)
-    }
-
-    fn tap_usage(
-        &self,
-        response: Response<ProxyBody>,
-        metrics: &Arc<Metrics>,
-        model: Option<&'static str>,
-    ) -> Response<ProxyBody> {
-        tapped_with(response, metrics, model, None)
     }
 
     fn tap_turn_usage(

@@ -81,7 +81,9 @@ pub trait Dialect: Send + Sync + 'static {
         headers: &HeaderMap,
         session_header: &str,
         request: &ChatRequest,
-    ) -> SessionKey;
+    ) -> SessionKey {
+        super::session_key::session_key(headers, session_header, request)
+    }
 
     /// The body to forward for the compacted neutral request the engine wrote, given
     /// the body as received and the origins its parse gave: every message the engine
@@ -90,14 +92,18 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// True when an answer with `status` may be a context overflow (its body is then
     /// peeked at).
-    fn may_overflow(&self, status: StatusCode) -> bool;
+    fn may_overflow(&self, status: StatusCode) -> bool {
+        matches!(status, StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE)
+    }
 
     /// True for the error bodies this shape's providers give when a prompt is longer
     /// than the window.
     fn is_overflow(&self, error_body: &[u8]) -> bool;
 
     /// The context window an overflow error states, when it does.
-    fn stated_window(&self, error_body: &[u8]) -> Option<usize>;
+    fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
+        chat::stated_window(error_body)
+    }
 
     /// `response` with its upstream usage read into `metrics` as it streams by
     /// (`model`: the request's model label, if known).
@@ -106,7 +112,9 @@ pub trait Dialect: Send + Sync + 'static {
         response: Response<ProxyBody>,
         metrics: &Arc<Metrics>,
         model: Option<&'static str>,
-    ) -> Response<ProxyBody>;
+    ) -> Response<ProxyBody> {
+        super::usage_tap::tapped(response, metrics, model)
+    }
 
     /// [`Dialect::tap_usage`] for a request whose forwarded prompt the engine counted
     /// exactly (`counted`: the request's model and those tokens), so that a dialect can

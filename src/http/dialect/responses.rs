@@ -9,20 +9,16 @@
 //! `input` items).
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, Response, StatusCode};
+use http::HeaderMap;
 
 use super::Dialect;
-use super::chat::{is_context_overflow, stated_window};
+use super::chat::is_context_overflow;
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
 use crate::compactor::Rewritten;
-use crate::http::body::ProxyBody;
-use crate::http::session_key::session_key;
-use crate::http::usage_tap::tapped;
-use crate::metrics::{Metrics, Route};
+use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
 
@@ -62,38 +58,12 @@ impl Dialect for Responses {
         origins.server_state
     }
 
-    fn session_key(
-        &self,
-        headers: &HeaderMap,
-        session_header: &str,
-        request: &ChatRequest,
-    ) -> SessionKey {
-        session_key(headers, session_header, request)
-    }
-
     fn render(&self, original: &Bytes, origins: &Origins, compacted: &Rewritten) -> Bytes {
         api::responses::render(original, origins, &compacted.request)
     }
 
-    fn may_overflow(&self, status: StatusCode) -> bool {
-        matches!(status, StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE)
-    }
-
     fn is_overflow(&self, error_body: &[u8]) -> bool {
         !is_invalid_encrypted_content(error_body) && is_context_overflow(error_body)
-    }
-
-    fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
-        stated_window(error_body)
-    }
-
-    fn tap_usage(
-        &self,
-        response: Response<ProxyBody>,
-        metrics: &Arc<Metrics>,
-        model: Option<&'static str>,
-    ) -> Response<ProxyBody> {
-        tapped(response, metrics, model)
     }
 }
 
