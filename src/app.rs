@@ -88,6 +88,7 @@ fn build_pipeline(
         enabled: config.compaction.enabled,
         compaction_runtime,
         inspector,
+        messages: crate::http::dialect::Messages::default(),
     };
     Ok((chat, metrics))
 }

@@ -46,6 +46,9 @@ pub struct Conversations {
     pub compaction_runtime: Option<tokio::runtime::Handle>,
     /// The session inspector, when on (`admin.listen`): every request is recorded.
     pub inspector: Option<Arc<super::inspect::Inspector>>,
+    /// The Anthropic Messages dialect; its token calibration is shared by every
+    /// connection thread, so usage reported on one calibrates the counts of all.
+    pub messages: super::dialect::Messages,
 }
 
 /// One request of a conversation, from its decision to its recorded outcome.

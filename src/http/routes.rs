@@ -27,7 +27,7 @@ pub struct AppState {
     pub upstream: Upstream,
     /// Where Anthropic Messages requests go (`upstream.anthropic_url`).
     pub anthropic: Upstream,
-    /// The Messages dialect (its token calibration is per connection thread).
+    /// The Messages dialect (its token calibration is shared by all connection threads).
     pub messages: Messages,
     /// `server.max_body_size` in bytes.
     pub max_body: u64,
