@@ -41,8 +41,13 @@ const BUILTIN: &[(&str, Encoding, usize)] = &[
 pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
     let lower = model.to_ascii_lowercase();
     let bare = lower.rsplit('/').next().unwrap_or(&lower);
+    // Patterns are compared lowercased; most already are, and this runs per request.
     let matches = |pattern: &str| {
-        let p = pattern.to_ascii_lowercase();
+        let p = if pattern.bytes().any(|b| b.is_ascii_uppercase()) {
+            std::borrow::Cow::Owned(pattern.to_ascii_lowercase())
+        } else {
+            std::borrow::Cow::Borrowed(pattern)
+        };
         glob(&p, &lower) || glob(&p, bare)
     };
     for entry in &cfg.models {
@@ -110,6 +115,14 @@ mod tests {
         });
         let spec = resolve("gpt-4o", &cfg);
         assert_eq!(spec, ModelSpec { encoding: Encoding::Cl100kBase, context_window: 1000 });
+        // Names and patterns match whatever their case.
+        cfg.models.push(ModelEntry {
+            pattern: "Local-Llama*".into(),
+            encoding: "o200k_base".into(),
+            context_window: 4096,
+        });
+        assert_eq!(resolve("vendor/LOCAL-llama-3", &cfg).context_window, 4096);
+        assert_eq!(resolve("GPT-4o-mini", &cfg).context_window, 1000);
     }
 
     #[test]
