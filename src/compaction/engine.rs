@@ -344,7 +344,9 @@ impl Engine {
             {
                 let end = turn_tail_start(&units, cfg.keep_last_turns).min(reach);
                 let blocks_end = blocks.last().map_or(0, |b| b.end);
-                let goal_keeps = keep.guarantee(msgs, &tokens, fixed, &budget).max_tokens;
+                // Every small user message a later request may still have to forward stays
+                // verbatim: the guarantee grows when the last user message shrinks.
+                let goal_keeps = keep.lasting_guarantee(msgs, &tokens, fixed, &budget).max_tokens;
                 // What the batch takes out of the prompt: the work of its turns, the user
                 // messages past the floor and the digests, less the goal history that
                 // replaces them. Like a fold, it must be worth making.

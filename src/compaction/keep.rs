@@ -104,7 +104,33 @@ impl Keep {
         fixed: usize,
         budget: &Budget,
     ) -> SmallGuarantee {
-        let mut essentials = fixed + self.last_user.map_or(0, |i| tokens[i]);
+        self.guarantee_with(msgs, tokens, fixed, budget, true)
+    }
+
+    /// The most guarantee (2) can cover of these messages at any later request of the
+    /// conversation: as [`Keep::guarantee`], but with the room a later, smaller last user
+    /// message would leave (none of it taken). A goal batch keeps these verbatim, so a
+    /// block made now never holds a message a later request must forward.
+    pub fn lasting_guarantee(
+        &self,
+        msgs: &[Arc<Message>],
+        tokens: &[usize],
+        fixed: usize,
+        budget: &Budget,
+    ) -> SmallGuarantee {
+        self.guarantee_with(msgs, tokens, fixed, budget, false)
+    }
+
+    fn guarantee_with(
+        &self,
+        msgs: &[Arc<Message>],
+        tokens: &[usize],
+        fixed: usize,
+        budget: &Budget,
+        count_last: bool,
+    ) -> SmallGuarantee {
+        let last = if count_last { self.last_user.map_or(0, |i| tokens[i]) } else { 0 };
+        let mut essentials = fixed + last;
         let mut small = Vec::new();
         for (i, m) in msgs.iter().enumerate() {
             if m.role().is_pinned() {
