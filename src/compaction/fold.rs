@@ -142,13 +142,17 @@ pub async fn fold_after(
     };
     let mut messages = Vec::new();
     let mut verbatim = Vec::new();
-    let absorbed = if absorb {
+    let absorbed: Vec<usize> = if absorb {
         blocks.iter().flat_map(|b| b.verbatim.iter().copied()).collect()
     } else {
         Vec::new()
     };
-    for i in absorbed.into_iter().chain(start..end) {
-        if stays(i) {
+    // A fold that absorbs the stored blocks keeps every message they kept, also one no
+    // longer kept by the rules of this request (the last user message of then, a paste
+    // now): the prefix before the first digest stays as it was forwarded.
+    let carried = if rules.kind == DigestKind::Fold { absorbed.len() } else { 0 };
+    for (k, i) in absorbed.into_iter().chain(start..end).enumerate() {
+        if k < carried || stays(i) {
             messages.push(
                 RawValue::from_string(msgs[i].raw().to_owned()).map_err(ModelError::Serialize)?,
             );
