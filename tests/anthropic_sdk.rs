@@ -24,22 +24,6 @@ use serde_json::{Value, json};
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_sdk_check.py");
 const MODEL: &str = "claude-sonnet-4-5";
 
-/// True when the SDK can be imported; in CI its absence is a failure, not a skip.
-fn sdk_available() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import anthropic"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the anthropic package is missing in CI (.ci/run installs it)"
-        );
-        println!("SKIPPED: python3 with the `anthropic` package is not installed");
-    }
-    ok
-}
-
 /// An Anthropic mock: a message for `/v1/messages` (SSE when `stream`), a count for
 /// `count_tokens`; every answer carries a `request-id`.
 fn anthropic_provider() -> Handler {
@@ -195,7 +179,7 @@ fn assert_valid(body: &[u8]) {
 
 #[tokio::test]
 async fn the_official_anthropic_sdk_works_through_foldgate_beside_an_openai_client() {
-    if !sdk_available() {
+    if !common::tools::python_module_available("anthropic") {
         return;
     }
     let anthropic = MockUpstream::start(anthropic_provider()).await;

@@ -19,25 +19,9 @@ use foldgate::config::SummarizerKind;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_sdk_check.py");
 
-/// True when the SDK can be imported; in CI its absence is a failure, not a skip.
-fn sdk_available() -> bool {
-    let ok =
-        Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the openai package is missing in CI (.ci/run installs it)"
-        );
-        println!(
-            "SKIPPED: python3 with the `openai` package is not installed (pip install openai)"
-        );
-    }
-    ok
-}
-
 #[tokio::test]
 async fn the_official_python_sdk_works_through_foldgate() {
-    if !sdk_available() {
+    if !common::tools::python_module_available("openai") {
         return;
     }
     let stats = Arc::new(ProviderStats::default());

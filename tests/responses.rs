@@ -316,25 +316,9 @@ async fn requests_below_the_trigger_and_with_server_state_are_forwarded_byte_for
     );
 }
 
-/// True when the SDK can be imported; in CI its absence is a failure, not a skip.
-fn sdk_available() -> bool {
-    let ok =
-        Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the openai package is missing in CI (.ci/run installs it)"
-        );
-        println!(
-            "SKIPPED: python3 with the `openai` package is not installed (pip install openai)"
-        );
-    }
-    ok
-}
-
 #[tokio::test]
 async fn the_official_python_sdk_responses_calls_are_compacted_through_foldgate() {
-    if !sdk_available() {
+    if !common::tools::python_module_available("openai") {
         return;
     }
     let mock = MockUpstream::start(responses_provider()).await;

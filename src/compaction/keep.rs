@@ -89,26 +89,13 @@ impl Keep {
         let start = self.last_user?;
         let pinned_before: usize =
             (0..start).filter(|&i| msgs[i].role().is_pinned()).map(|i| tokens[i]).sum();
-        let small = self.guarantee(msgs, tokens, fixed, budget);
+        let small = self.guarantee(msgs, tokens, fixed, budget, true);
         let turn: usize = tokens[start..].iter().sum();
         (fixed + pinned_before + small.tokens + turn <= budget.budget).then_some(start)
     }
 
-    /// The small user messages guarantee (2) covers in this request: the smallest first,
-    /// within the floor and the room beside the tool definitions and priming (`fixed`),
-    /// the pinned messages and the last user message.
-    pub fn guarantee(
-        &self,
-        msgs: &[Arc<Message>],
-        tokens: &[usize],
-        fixed: usize,
-        budget: &Budget,
-    ) -> SmallGuarantee {
-        self.guarantee_with(msgs, tokens, fixed, budget, true)
-    }
-
     /// The most guarantee (2) can cover of these messages at any later request of the
-    /// conversation: as [`Keep::guarantee`], but with the room a later, smaller last user
+    /// conversation: as in this request, but with the room a later, smaller last user
     /// message would leave (none of it taken). A goal batch keeps these verbatim, so a
     /// block made now never holds a message a later request must forward.
     pub fn lasting_guarantee(
@@ -118,10 +105,13 @@ impl Keep {
         fixed: usize,
         budget: &Budget,
     ) -> SmallGuarantee {
-        self.guarantee_with(msgs, tokens, fixed, budget, false)
+        self.guarantee(msgs, tokens, fixed, budget, false)
     }
 
-    fn guarantee_with(
+    /// The small user messages guarantee (2) covers: the smallest first, within the
+    /// floor and the room beside the tool definitions and priming (`fixed`), the pinned
+    /// messages and, with `count_last`, the last user message.
+    fn guarantee(
         &self,
         msgs: &[Arc<Message>],
         tokens: &[usize],

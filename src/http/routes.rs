@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use super::body::{BodyProgress, ProxyBody, full};
 use super::chat;
 use super::conversation::Conversations;
-use super::dialect::{ChatCompletions, Messages, Responses};
+use super::dialect::{ChatCompletions, Dialect, Responses};
 use super::error::ProxyError;
 use super::linger::UnreadBody;
 use super::passthrough;
@@ -27,8 +27,6 @@ pub struct AppState {
     pub upstream: Upstream,
     /// Where Anthropic Messages requests go (`upstream.anthropic_url`).
     pub anthropic: Upstream,
-    /// The Messages dialect (its token calibration is shared by all connection threads).
-    pub messages: Messages,
     /// `server.max_body_size` in bytes.
     pub max_body: u64,
     /// Listener up and not draining.
@@ -81,6 +79,27 @@ impl tower::Service<Request<Incoming>> for Router {
     }
 }
 
+/// A request of a compacted API shape, through the generic handler with its `dialect`.
+async fn compacted<D: Dialect>(
+    state: &AppState,
+    dialect: &D,
+    upstream: &Upstream,
+    request: Request<Incoming>,
+    progress: &Arc<BodyProgress>,
+) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
+    let response = chat::handle(
+        dialect,
+        upstream,
+        state.max_body,
+        &state.chat,
+        &state.metrics,
+        request,
+        progress.clone(),
+    )
+    .await;
+    (dialect.route(), response)
+}
+
 /// Routes `request`; handlers that read its body record how far in `progress`.
 async fn dispatch(
     state: &AppState,
@@ -103,45 +122,15 @@ async fn dispatch(
         (&Method::GET, p) if state.metrics_path.as_deref() == Some(p) => {
             (Route::Local, Ok(metrics_response(&state.metrics)))
         }
-        (&Method::POST, "/v1/chat/completions") => (
-            Route::ChatCompletions,
-            chat::handle(
-                &ChatCompletions,
-                &state.upstream,
-                state.max_body,
-                &state.chat,
-                &state.metrics,
-                request,
-                progress.clone(),
-            )
-            .await,
-        ),
-        (&Method::POST, "/v1/responses") => (
-            Route::Responses,
-            chat::handle(
-                &Responses,
-                &state.upstream,
-                state.max_body,
-                &state.chat,
-                &state.metrics,
-                request,
-                progress.clone(),
-            )
-            .await,
-        ),
-        (&Method::POST, "/v1/messages") => (
-            Route::Messages,
-            chat::handle(
-                &state.messages,
-                &state.anthropic,
-                state.max_body,
-                &state.chat,
-                &state.metrics,
-                request,
-                progress.clone(),
-            )
-            .await,
-        ),
+        (&Method::POST, "/v1/chat/completions") => {
+            compacted(state, &ChatCompletions, &state.upstream, request, progress).await
+        }
+        (&Method::POST, "/v1/responses") => {
+            compacted(state, &Responses, &state.upstream, request, progress).await
+        }
+        (&Method::POST, "/v1/messages") => {
+            compacted(state, &state.chat.messages, &state.anthropic, request, progress).await
+        }
         // Anthropic's API beside OpenAI's: one foldgate serves both kinds of client.
         (_, p) if is_anthropic(p) => (
             Route::Passthrough,

@@ -132,7 +132,6 @@ impl Server {
         let state = Arc::new(AppState {
             upstream,
             anthropic,
-            messages: chat.messages.clone(),
             max_body: config.server.max_body_size.0,
             ready: false.into(),
             chat,
