@@ -6,7 +6,7 @@
 //! fingerprint of (model, first system message, first user message) does. Only hashes
 //! leave this module: raw session ids and credentials are never stored or shown.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -14,12 +14,17 @@ use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
 use crate::session::SessionKey;
 
-/// Headers that carry a client credential, in the order they are looked up.
-pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
+/// Headers that carry a client credential, in the order they are looked up (as header
+/// names, so that a lookup does not parse a string on every request).
+pub static CREDENTIAL_HEADERS: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-api-key"),
+];
 
 /// The first credential header present: its name and value.
 pub fn credential(headers: &HeaderMap) -> Option<(&'static str, &http::HeaderValue)> {
-    CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(*name).map(|v| (*name, v)))
+    CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(name).map(|v| (name.as_str(), v)))
 }
 
 /// The tenant of a request: a hash of its credential, the same credential that scopes
