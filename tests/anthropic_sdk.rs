@@ -389,32 +389,86 @@ async fn prompt_is_too_long_is_retried_compacted_and_teaches_the_window() {
     assert_eq!(anthropic.recorded().len(), 3);
 }
 
-#[tokio::test]
-async fn reported_usage_calibrates_the_window_of_the_model() {
-    // The provider counts one token per byte of the body: several times the engine's
-    // count, so a prompt the engine finds well below the trigger is in fact near it.
-    let anthropic = MockUpstream::start(Arc::new(|rec: Recorded| {
+/// An Anthropic mock that counts a prompt as 1.5 tokens per byte of its body in the
+/// conversation `dense` (about 3.6 times the engine's count, as for text Claude's
+/// tokenizer splits finer) and as 0.4 per byte elsewhere (about 0.95 times it).
+fn counting_provider() -> Handler {
+    Arc::new(|rec: Recorded| {
         Box::pin(async move {
+            let dense = rec.headers.get("x-session-id").is_some_and(|v| v == "dense");
+            let tokens = if dense { rec.body.len() * 3 / 2 } else { rec.body.len() * 2 / 5 };
             let usage = json!({"type": "message", "content": [], "usage": {
-                "input_tokens": rec.body.len() - 100, "cache_read_input_tokens": 100,
+                "input_tokens": tokens - 100, "cache_read_input_tokens": 100,
                 "output_tokens": 1}});
             let mut r = response(200, usage.to_string());
             r.headers_mut().insert("content-type", "application/json".parse().unwrap());
             r
         })
-    }))
-    .await;
+    })
+}
+
+/// A config for the Anthropic mock at `anthropic`, with a 40,000-token window and no
+/// prefetch (so that every decision below is the trigger's).
+fn calibration_config(anthropic: &MockUpstream) -> foldgate::config::Config {
     let mut config = config_for("http://127.0.0.1:9/v1");
     config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
     config.compaction.max_context_tokens = Some(40_000);
     config.compaction.prefetch = false;
-    let proxy = Proxy::start(config).await;
-    let body = serde_json::to_vec(&params(30)).unwrap();
-    let (_, headers, _) = send(messages_request(&proxy, body.clone())).await;
-    assert_eq!(headers["x-foldgate-outcome"], "passthrough");
-    // The usage is recorded when the answer's body ends, in a task of its own.
+    config
+}
+
+/// Sends `body` as conversation `session` and returns the answer's outcome header, once
+/// the usage of the answer was recorded (when its body ends, in a task of its own).
+async fn outcome_in(proxy: &Proxy, session: &str, body: &[u8]) -> String {
+    let request = http::Request::post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-c")
+        .header("x-session-id", session)
+        .header("anthropic-version", "2023-06-01")
+        .header("content-type", "application/json")
+        .body(full(body.to_vec()))
+        .unwrap();
+    let (status, headers, _) = send(request).await;
+    assert_eq!(status, 200);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let (_, headers, _) = send(messages_request(&proxy, body.clone())).await;
-    assert_eq!(headers["x-foldgate-outcome"], "compacted", "{headers:?}");
-    assert_valid(&anthropic.recorded()[1].body);
+    headers["x-foldgate-outcome"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn each_conversation_is_planned_with_its_own_token_ratio() {
+    let anthropic = MockUpstream::start(counting_provider()).await;
+    let proxy = Proxy::start(calibration_config(&anthropic)).await;
+    // Below the trigger as the engine counts it (about 22,500 of 28,464 tokens).
+    let body = serde_json::to_vec(&params(30)).unwrap();
+    assert_eq!(outcome_in(&proxy, "plain", &body).await, "passthrough");
+    assert_eq!(outcome_in(&proxy, "dense", &body).await, "passthrough");
+    // The model's average is now about 1.7, which would put this prompt over the trigger
+    // (about 15,700 tokens), but the plain conversation measured its own ratio below 1.
+    assert_eq!(outcome_in(&proxy, "plain", &body).await, "passthrough");
+    // The dense one measured about 3.6: the same prompt is over its trigger.
+    assert_eq!(outcome_in(&proxy, "dense", &body).await, "compacted");
+    for rec in anthropic.recorded() {
+        assert_valid(&rec.body);
+    }
+    // A new conversation, not measured yet, is planned with the model's average.
+    let mut other = params(30);
+    other["messages"][0]["content"] = json!("Another task: fix the lexer. Never touch Cargo.lock.");
+    let other = serde_json::to_vec(&other).unwrap();
+    assert_eq!(outcome_in(&proxy, "new", &other).await, "compacted");
+}
+
+#[tokio::test]
+async fn a_conversation_s_token_ratio_follows_it_to_every_replica() {
+    let Some(redis) = common::redis_server::RedisServer::start() else { return };
+    let anthropic = MockUpstream::start(counting_provider()).await;
+    let replica = || {
+        let mut config = calibration_config(&anthropic);
+        config.session.store = foldgate::config::StoreKind::Redis;
+        config.session.redis_url = foldgate::config::SecretUrl::new(redis.url());
+        config
+    };
+    let (a, b) = (Proxy::start(replica()).await, Proxy::start(replica()).await);
+    let body = serde_json::to_vec(&params(30)).unwrap();
+    assert_eq!(outcome_in(&a, "dense", &body).await, "passthrough");
+    // Replica b never saw an answer for this model: the ratio comes with the session.
+    assert_eq!(outcome_in(&b, "dense", &body).await, "compacted");
 }

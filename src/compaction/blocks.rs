@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
+use super::budget::TokenRatio;
 use super::tokens::TokenCache;
 use super::units::{Unit, is_boundary};
 use crate::model::{Message, ModelError};
@@ -76,6 +77,11 @@ pub struct SessionState {
     /// while the request fits, but the fold is still due (see [`crate::compaction::Engine`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_postponed: bool,
+    /// The conversation's own ratio of provider-counted to engine-counted prompt tokens,
+    /// once the provider reported usage for it (an API whose tokenizer the engine lacks):
+    /// planned against in place of [`super::Options::token_ratio`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ratio: Option<TokenRatio>,
 }
 
 /// One item of a stored cut: a unit of the history (from original message `pos`) dropped,

@@ -148,6 +148,14 @@ impl Engine {
         opts: &Options,
     ) -> Result<Outcome, CompactionError> {
         let cfg = &self.cfg;
+        let own;
+        let opts = match state.token_ratio {
+            Some(measured) => {
+                own = Options { token_ratio: Some(measured.value), ..opts.clone() };
+                &own
+            }
+            None => opts,
+        };
         let budget = Budget::of(request, cfg, opts);
         let msgs = request.messages();
         let tools_raw = request.tools_raw();
@@ -172,7 +180,7 @@ impl Engine {
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
         let mut report =
             Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
-        let SessionState { blocks, token_cache, pending, cut, cut_postponed } = state;
+        let SessionState { blocks, token_cache, pending, cut, cut_postponed, .. } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
 
         let fixed = counter.tools(tools_raw) + REPLY_PRIMING;
@@ -437,16 +445,24 @@ impl Engine {
     /// needs it applies it. [`Ahead::Prefetch`]: past `prefetch_ratio`, so that the
     /// request that crosses the trigger finds its digest ready. [`Ahead::Due`]: the fold
     /// a request postponed because it still fitted (see [`Options::postpone_folds`]).
-    /// Returns whether a pending block was made.
+    /// `request`'s own options (window cap, token ratio, model) plan it as they planned
+    /// the request. Returns whether a pending block was made.
     pub async fn prefetch(
         &self,
         request: &ChatRequest,
         state: &mut SessionState,
         summarizer: &dyn Summarizer,
         ahead: Ahead,
+        request_opts: &Options,
     ) -> Result<bool, CompactionError> {
         let cfg = &self.cfg;
-        let budget = Budget::of(request, cfg, &Options::default());
+        let base = Options {
+            window_cap: request_opts.window_cap,
+            model: request_opts.model.clone(),
+            token_ratio: state.token_ratio.map(|r| r.value).or(request_opts.token_ratio),
+            ..Options::default()
+        };
+        let budget = Budget::of(request, cfg, &base);
         let msgs = request.messages();
         let units = units(msgs);
         retain_matching(&mut state.blocks, msgs, &units);
@@ -467,9 +483,9 @@ impl Engine {
                 }
                 // Aim as deep, relative to the prompt, as the compaction at the trigger.
                 let target = cfg.target_ratio * cfg.prefetch_ratio / cfg.trigger_ratio;
-                Options { force: true, target_ratio: Some(target), ..Options::default() }
+                Options { force: true, target_ratio: Some(target), ..base }
             }
-            Ahead::Due => Options { force: true, ..Options::default() },
+            Ahead::Due => Options { force: true, ..base },
         };
         let mut trial = SessionState {
             blocks: state.blocks.clone(),
@@ -477,6 +493,7 @@ impl Engine {
             pending: None,
             cut: state.cut.clone(),
             cut_postponed: state.cut_postponed,
+            token_ratio: state.token_ratio,
         };
         let result = self.compact_request(request, &mut trial, summarizer, &opts).await;
         state.token_cache = trial.token_cache;

@@ -20,7 +20,7 @@ pub mod tokens;
 pub mod units;
 
 pub use blocks::{FoldBlock, SessionState};
-pub use budget::{Budget, Options};
+pub use budget::{Budget, Options, TokenRatio};
 pub use engine::{Engine, Outcome};
 pub use report::{Report, Tier};
 pub use tokens::TokenCache;

@@ -24,7 +24,7 @@ use self::gate::Gate;
 use self::lease::Leased;
 use self::windows::LearnedWindows;
 use crate::compaction::engine::Ahead;
-use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
+use crate::compaction::{Engine, Options, Outcome, Report, SessionState, TokenRatio};
 use crate::config::CompactionMode;
 use crate::model::ChatRequest;
 use crate::session::{
@@ -33,7 +33,8 @@ use crate::session::{
 use crate::summarizer::{ExtractiveSummarizer, Summarizer};
 
 /// Version 1: fold blocks and the pending block as `compaction::SessionState` serializes
-/// them (token counts are never stored). Bump on any change of that layout.
+/// them (token counts are never stored). Bump on any change that a reader of the current
+/// layout cannot read (a new field with a default it ignores is not one).
 impl StoredState for SessionState {
     const SCHEMA_VERSION: u32 = 1;
 }
@@ -223,6 +224,27 @@ impl Compactor {
         &self.inner.engine
     }
 
+    /// Records in session `key` that a forwarded prompt the engine counted as `counted`
+    /// tokens was `reported` tokens for the provider: the conversation's later requests
+    /// are planned with the ratio (see [`SessionState::token_ratio`]). A sample too small
+    /// to tell is not stored; a concurrent save wins over this one (the next sample
+    /// comes with the next answer).
+    pub async fn calibrate(&self, key: &SessionKey, counted: usize, reported: u64) {
+        if TokenRatio::first(counted, reported).is_none() {
+            return;
+        }
+        let inner = &self.inner;
+        let _guard = inner.locks.lock(key).await;
+        let (mut state, revision) = match inner.store.load(key).await {
+            Ok(found) => found.map_or_else(Default::default, |l| (l.state, l.revision)),
+            Err(e) => return log_store_error(&e, inner.store.name(), "calibration not stored"),
+        };
+        TokenRatio::observe_into(&mut state.token_ratio, counted, reported);
+        if let Err(e) = inner.store.save(key, state, revision).await {
+            log_store_error(&e, inner.store.name(), "calibration not stored");
+        }
+    }
+
     /// The session store.
     pub fn store(&self) -> &Arc<dyn SessionStore<SessionState>> {
         &self.inner.store
@@ -266,7 +288,8 @@ impl Compactor {
             let growing =
                 report.tokens_after > threshold && report.tokens_after <= report.budget.trigger;
             if report.fold_postponed {
-                self.spawn_background(key.clone(), request.clone(), summarizer, Ahead::Due);
+                let due = Ahead::Due;
+                self.spawn_background(key.clone(), request.clone(), summarizer, due, &options);
             } else if cfg.enabled
                 && cfg.prefetch
                 && growing
@@ -274,7 +297,7 @@ impl Compactor {
                 && !options.force
             {
                 let ahead = Ahead::Prefetch { forwarded_tokens: report.tokens_after };
-                self.spawn_background(key.clone(), request.clone(), summarizer, ahead);
+                self.spawn_background(key.clone(), request.clone(), summarizer, ahead, &options);
             }
         }
         decision
@@ -290,6 +313,7 @@ impl Compactor {
         request: ChatRequest,
         summarizer: Arc<dyn Summarizer>,
         ahead: Ahead,
+        options: &Options,
     ) {
         let (done, running) = watch::channel(false);
         match self.inner.background.entry(key.clone()) {
@@ -297,6 +321,7 @@ impl Compactor {
             dashmap::Entry::Vacant(e) => e.insert(running),
         };
         let inner = self.inner.clone();
+        let options = options.clone();
         tokio::spawn(async move {
             let _in_flight = InFlight { inner: inner.clone(), key: key.clone(), done };
             let snapshot = {
@@ -314,7 +339,7 @@ impl Compactor {
             // Other processes must not summarize the same range meanwhile.
             let leased = inner.leased(summarizer.as_ref(), &key);
             let summarizer: &dyn Summarizer = leased.as_ref().map_or(summarizer.as_ref(), |l| l);
-            let run = inner.engine.prefetch(&request, &mut state, summarizer, ahead);
+            let run = inner.engine.prefetch(&request, &mut state, summarizer, ahead, &options);
             let result = AssertUnwindSafe(run).catch_unwind().await;
             let Some(block) = state.pending.take() else {
                 if let Some(leased) = leased {
@@ -510,7 +535,11 @@ impl Inner {
         let extends = ours.blocks.len() > latest.state.blocks.len()
             && ours.blocks.starts_with(&latest.state.blocks);
         if extends {
-            let merged = SessionState { pending: ours.pending.or(latest.state.pending), ..ours };
+            let merged = SessionState {
+                pending: ours.pending.or(latest.state.pending),
+                token_ratio: latest.state.token_ratio.or(ours.token_ratio),
+                ..ours
+            };
             self.store.save(key, merged, latest.revision).await?;
         }
         Ok(())

@@ -71,6 +71,29 @@ pub struct Turn<'a, D: Dialect> {
     retried: bool,
 }
 
+/// A forwarded prompt the engine counted exactly: with the usage the upstream reports
+/// for it, a sample of how the provider's token counts compare with the engine's.
+pub struct Counted {
+    /// The request's `model`, as sent.
+    pub model: String,
+    /// The prompt tokens the engine counted.
+    pub tokens: usize,
+    key: SessionKey,
+    compactor: Compactor,
+}
+
+impl Counted {
+    /// Records in the conversation's state that the provider counted `reported` prompt
+    /// tokens (see [`Compactor::calibrate`]), in a task of its own: the store may be
+    /// remote, and this runs as the answer's body ends.
+    pub fn calibrate_session(self, reported: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
+            self.compactor.calibrate(&self.key, self.tokens, reported).await;
+        });
+    }
+}
+
 /// A deeper compaction to send after an overflow error.
 pub struct Retry {
     /// The body to send.
@@ -104,13 +127,10 @@ impl Conversations {
         if learned.is_some() {
             metrics.learned_window(WindowEvent::Applied);
         }
-        // In the engine's tokens: a dialect whose provider counts differently scales it.
-        let window_cap = dialect.window_cap(
-            self.compactor.engine(),
-            model_name.as_deref().unwrap_or_default(),
-            learned,
-        );
-        let options = Options { window_cap, ..Options::default() };
+        // A dialect whose provider counts tokens differently from the engine plans with
+        // the model's ratio (a conversation's own, once measured, takes its place).
+        let token_ratio = dialect.token_ratio(model_name.as_deref().unwrap_or_default());
+        let options = Options { window_cap: learned, token_ratio, ..Options::default() };
         let session_header = self.session_header.as_str();
         // Far below the trigger (most requests of most conversations) the request goes as
         // it is: not parsed, no conversation state, no hop to the compaction runtime.
@@ -231,16 +251,20 @@ impl<D: Dialect> Turn<'_, D> {
         self.model
     }
 
-    /// The request's model and the prompt tokens the engine counted exactly for the
-    /// forwarded body, when it did (a dialect calibrates its counts against the usage the
-    /// upstream reports for it).
-    pub fn counted(&self) -> Option<(String, usize)> {
+    /// The prompt tokens the engine counted exactly for the forwarded body, when it did
+    /// (a dialect calibrates its counts against the usage the upstream reports for it).
+    pub fn counted(&self) -> Option<Counted> {
         let report = self.decision.report.as_ref().filter(|r| r.tokens_before_exact)?;
         let tokens = match self.decision.rewritten {
             Some(_) => report.tokens_after,
             None => report.tokens_before,
         };
-        Some((self.model_name.clone(), tokens))
+        Some(Counted {
+            model: self.model_name.clone(),
+            tokens,
+            key: self.key.clone(),
+            compactor: self.conversations.compactor.clone(),
+        })
     }
 
     /// The context window learned from an earlier overflow that the request was planned
@@ -280,15 +304,15 @@ impl<D: Dialect> Turn<'_, D> {
         // Forced, to half the usual target, within the window the provider stated (else
         // within the prompt size that it just rejected).
         let mut options = Options::overflow_retry(compactor.engine().config());
-        let rejected = self.decision.report.as_ref().map(|r| r.tokens_after);
-        options.window_cap = match stated {
-            // Stated in the provider's tokens.
-            Some(window) => {
-                self.dialect.window_cap(compactor.engine(), &self.model_name, Some(window))
-            }
-            None => rejected,
-        }
-        .filter(|&n| n > 0);
+        // Windows are in the provider's tokens; the rejected prompt was counted in the
+        // engine's, so it is scaled back by the ratio it was planned with.
+        let rejected = self
+            .decision
+            .report
+            .as_ref()
+            .map(|r| (r.tokens_after as f64 * r.budget.token_ratio) as usize);
+        options.window_cap = stated.or(rejected).filter(|&n| n > 0);
+        options.token_ratio = self.dialect.token_ratio(&self.model_name);
         let started = Instant::now();
         let model_summarizer = self.dialect.model_summarizer();
         let summarizer = self.conversations.timed_summarizer(

@@ -5,10 +5,11 @@
 //! from the JSON answer or from the `message_start` / `message_delta` events.
 //!
 //! Claude's tokenizer is not one the engine has: prompts are counted with the engine's
-//! encoder, then calibrated per model from the `usage` the upstream reports (input plus
-//! cache read and creation tokens) against what the engine counted for the same
-//! forwarded body ([`Calibration`]). A model whose prompts count more than the engine's
-//! estimate is planned against a window shrunk by that ratio.
+//! encoder, then calibrated from the `usage` the upstream reports (input plus cache read
+//! and creation tokens) against what the engine counted for the same forwarded body: per
+//! conversation, in its session state (`SessionState::token_ratio`), and per model
+//! ([`Calibration`]) for conversations not measured yet. A conversation whose prompts
+//! count more than the engine's estimate is planned against a window shrunk by its ratio.
 //!
 //! The summarizer of these conversations is the extractive one: the model summarizer
 //! speaks chat completions to `upstream.url`, and an Anthropic client's credential must
@@ -22,9 +23,10 @@ use http::{HeaderMap, Response};
 
 use super::Dialect;
 use crate::api::{self, Origins};
-use crate::compaction::{Budget, Engine, Options, Report};
+use crate::compaction::{Engine, Options, Report, TokenRatio};
 use crate::compactor::Rewritten;
 use crate::http::body::ProxyBody;
+use crate::http::conversation::Counted;
 use crate::http::session_key::session_key_of_parts;
 use crate::http::usage_tap::{OnUsage, tapped_with};
 use crate::metrics::{Metrics, Route};
@@ -32,7 +34,8 @@ use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
 use crate::session::SessionKey;
 
-/// Anthropic's Messages API. Holds the per-model token calibration.
+/// Anthropic's Messages API. Holds the per-model token calibration (the prior of new
+/// conversations; each conversation keeps its own once measured).
 #[derive(Debug, Clone, Default)]
 pub struct Messages {
     calibration: Arc<Calibration>,
@@ -140,29 +143,20 @@ impl Dialect for Messages {
         response: Response<ProxyBody>,
         metrics: &Arc<Metrics>,
         model: Option<&'static str>,
-        counted: Option<(String, usize)>,
+        counted: Option<Counted>,
     ) -> Response<ProxyBody> {
-        let on_usage = counted.map(|(model, counted)| {
+        let on_usage = counted.map(|counted| {
             let calibration = self.calibration.clone();
             Box::new(move |usage: crate::http::usage_tap::Usage| {
-                calibration.observe(&model, counted, usage.prompt);
+                calibration.observe(&counted.model, counted.tokens, usage.prompt);
+                counted.calibrate_session(usage.prompt);
             }) as OnUsage
         });
         tapped_with(response, metrics, model, on_usage)
     }
 
-    fn window_cap(&self, engine: &Engine, model: &str, learned: Option<usize>) -> Option<usize> {
-        let Some(ratio) = self.calibration.ratio(model).filter(|r| *r > 1.0) else {
-            return learned;
-        };
-        let window = Budget::for_model(
-            Some(model.to_owned()),
-            None,
-            engine.config(),
-            &Options { window_cap: learned, ..Options::default() },
-        )
-        .window;
-        Some((window as f64 / ratio) as usize)
+    fn token_ratio(&self, model: &str) -> Option<f64> {
+        self.calibration.ratio(model)
     }
 
     fn model_summarizer(&self) -> bool {
@@ -176,47 +170,32 @@ pub fn is_prompt_too_long(body: &[u8]) -> bool {
     super::chat::is_context_overflow(body)
 }
 
-/// Prompt tokens as the provider counts them per engine-counted token, per model: a
-/// bounded table of moving averages, fed by every answer whose request the engine
-/// counted exactly.
+/// Prompt tokens as the provider counts them per engine-counted token, per model: the
+/// prior of conversations that have no ratio of their own yet. A bounded table of moving
+/// averages, fed by every answer whose request the engine counted exactly.
 #[derive(Debug, Default)]
 pub struct Calibration {
-    ratios: Mutex<HashMap<String, Ratio>>,
-}
-
-/// One model's ratio.
-#[derive(Debug, Clone, Copy)]
-struct Ratio {
-    value: f64,
-    samples: u32,
+    ratios: Mutex<HashMap<String, TokenRatio>>,
 }
 
 impl Calibration {
     /// At most this many models are kept (the table is cleared when a new one would
     /// exceed it: model names come from clients).
     pub const MAX_MODELS: usize = 256;
-    /// Prompts the engine counted below this many tokens are not used (framing the
-    /// engine does not see weighs too much in them).
-    pub const MIN_TOKENS: usize = 1_000;
-    /// Weight of a new sample in the moving average.
-    const WEIGHT: f64 = 0.3;
 
     /// Records that a prompt the engine counted as `counted` tokens was `reported` tokens
     /// for the provider.
     pub fn observe(&self, model: &str, counted: usize, reported: u64) {
-        if counted < Self::MIN_TOKENS || reported == 0 {
+        let Some(first) = TokenRatio::first(counted, reported) else { return };
+        let Ok(mut ratios) = self.ratios.lock() else { return };
+        if let Some(ratio) = ratios.get_mut(model) {
+            ratio.observe(counted, reported);
             return;
         }
-        let sample = (reported as f64 / counted as f64).clamp(0.25, 4.0);
-        let Ok(mut ratios) = self.ratios.lock() else { return };
-        if !ratios.contains_key(model) && ratios.len() >= Self::MAX_MODELS {
+        if ratios.len() >= Self::MAX_MODELS {
             ratios.clear();
         }
-        let entry = ratios.entry(model.to_owned()).or_insert(Ratio { value: sample, samples: 0 });
-        if entry.samples > 0 {
-            entry.value += Self::WEIGHT * (sample - entry.value);
-        }
-        entry.samples = entry.samples.saturating_add(1);
+        ratios.insert(model.to_owned(), first);
     }
 
     /// The provider's prompt tokens per engine-counted token for `model`, once measured.
@@ -246,29 +225,18 @@ mod tests {
     }
 
     #[test]
-    fn calibration_averages_per_model_and_shrinks_the_window() {
+    fn calibration_averages_per_model() {
         let d = Messages::default();
-        let engine = Engine::new(crate::config::CompactionConfig::default());
-        assert_eq!(d.window_cap(&engine, "claude-sonnet-4-5", None), None);
+        assert_eq!(d.token_ratio("claude-sonnet-4-5"), None);
         d.calibration().observe("claude-sonnet-4-5", 500, 900);
-        assert_eq!(d.calibration().ratio("claude-sonnet-4-5"), None, "too small to tell");
+        assert_eq!(d.token_ratio("claude-sonnet-4-5"), None, "too small to tell");
         d.calibration().observe("claude-sonnet-4-5", 10_000, 12_000);
         d.calibration().observe("claude-sonnet-4-5", 10_000, 12_000);
-        let ratio = d.calibration().ratio("claude-sonnet-4-5").unwrap();
+        let ratio = d.token_ratio("claude-sonnet-4-5").unwrap();
         assert!((ratio - 1.2).abs() < 1e-9, "{ratio}");
-        let window = Budget::for_model(
-            Some("claude-sonnet-4-5".into()),
-            None,
-            engine.config(),
-            &Options::default(),
-        )
-        .window;
-        let cap = d.window_cap(&engine, "claude-sonnet-4-5", None).unwrap();
-        assert_eq!(cap, (window as f64 / 1.2) as usize);
-        // A learned window (in the provider's tokens) is scaled the same way.
-        assert_eq!(d.window_cap(&engine, "claude-sonnet-4-5", Some(12_000)), Some(10_000));
-        // A model counted lower than the engine's estimate keeps the engine's window.
-        d.calibration().observe("claude-haiku-4-5", 10_000, 9_000);
-        assert_eq!(d.window_cap(&engine, "claude-haiku-4-5", Some(5)), Some(5));
+        d.calibration().observe("claude-sonnet-4-5", 10_000, 15_000);
+        let ratio = d.token_ratio("claude-sonnet-4-5").unwrap();
+        assert!(ratio > 1.2 && ratio < 1.5, "a moving average: {ratio}");
+        assert_eq!(d.token_ratio("claude-haiku-4-5"), None, "per model");
     }
 }

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 
 use super::body::ProxyBody;
+use super::conversation::Counted;
 use crate::compaction::{Engine, Options, Report};
 use crate::compactor::Rewritten;
 use crate::metrics::{Metrics, Route};
@@ -117,26 +118,25 @@ pub trait Dialect: Send + Sync + 'static {
     }
 
     /// [`Dialect::tap_usage`] for a request whose forwarded prompt the engine counted
-    /// exactly (`counted`: the request's model and those tokens), so that a dialect can
-    /// calibrate its counts against the usage the upstream reports.
+    /// exactly (`counted`), so that a dialect whose provider counts tokens differently
+    /// can calibrate against the usage the upstream reports.
     fn tap_turn_usage(
         &self,
         response: Response<ProxyBody>,
         metrics: &Arc<Metrics>,
         model: Option<&'static str>,
-        counted: Option<(String, usize)>,
+        counted: Option<Counted>,
     ) -> Response<ProxyBody> {
         let _ = counted;
         self.tap_usage(response, metrics, model)
     }
 
-    /// The window cap, in the engine's tokens, that a request for `model` is planned
-    /// against, given a window learned from an overflow error (`learned`, in the
-    /// provider's tokens): `learned`, unless the dialect knows that its provider counts
-    /// differently from the engine.
-    fn window_cap(&self, engine: &Engine, model: &str, learned: Option<usize>) -> Option<usize> {
-        let _ = (engine, model);
-        learned
+    /// Provider tokens per engine token for a conversation of `model` that has no ratio
+    /// of its own yet (see [`crate::compaction::Options::token_ratio`]); `None` when the
+    /// engine counts with the provider's own encoder.
+    fn token_ratio(&self, model: &str) -> Option<f64> {
+        let _ = model;
+        None
     }
 
     /// Whether the model summarizer (chat completions to `upstream.url`, with the
