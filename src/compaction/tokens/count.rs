@@ -50,9 +50,9 @@ pub fn image_tokens(detail: &str, size: Option<(u32, u32)>) -> usize {
     IMAGE_LOW + IMAGE_TILE * (tiles.clamp(0.0, 16.0) as usize)
 }
 
-fn part_tokens(enc: Encoding, part: &Value) -> usize {
+fn part_tokens(count: &impl Fn(&str) -> usize, part: &Value) -> usize {
     match part.get("type").and_then(Value::as_str) {
-        Some("text") => part.get("text").and_then(Value::as_str).map_or(0, |t| enc.count(t)),
+        Some("text") => part.get("text").and_then(Value::as_str).map_or(0, count),
         Some("image_url") => {
             let detail =
                 part.pointer("/image_url/detail").and_then(Value::as_str).unwrap_or("auto");
@@ -63,32 +63,38 @@ fn part_tokens(enc: Encoding, part: &Value) -> usize {
     }
 }
 
-fn content_tokens(enc: Encoding, content: Option<&Value>) -> usize {
+fn content_tokens(count: &impl Fn(&str) -> usize, content: Option<&Value>) -> usize {
     match content {
-        Some(Value::String(s)) => enc.count(s),
-        Some(Value::Array(parts)) => parts.iter().map(|p| part_tokens(enc, p)).sum(),
+        Some(Value::String(s)) => count(s),
+        Some(Value::Array(parts)) => parts.iter().map(|p| part_tokens(count, p)).sum(),
         _ => 0,
     }
 }
 
 /// Exact tokens of one message (without the reply priming).
 pub fn message_tokens(enc: Encoding, msg: &Message) -> usize {
+    message_tokens_by(&|text| enc.count(text), msg)
+}
+
+/// [`message_tokens`] with the message's texts counted by `count` (to compare another
+/// tokenizer under the same framing).
+pub fn message_tokens_by(count: &impl Fn(&str) -> usize, msg: &Message) -> usize {
     let v = msg.value();
     let mut n = TOKENS_PER_MESSAGE;
     if let Some(role) = v.get("role").and_then(Value::as_str) {
-        n += enc.count(role);
+        n += count(role);
     }
-    n += content_tokens(enc, msg.content());
+    n += content_tokens(count, msg.content());
     if let Some(name) = msg.name() {
-        n += enc.count(name) + TOKENS_PER_NAME;
+        n += count(name) + TOKENS_PER_NAME;
     }
     if let Some(refusal) = v.get("refusal").and_then(Value::as_str) {
-        n += enc.count(refusal);
+        n += count(refusal);
     }
     let calls = msg.tool_calls().iter().chain(msg.function_call());
     for call in calls {
         let (_, name, args) = call_parts(call);
-        n += CALL_OVERHEAD + enc.count(name) + enc.count(args);
+        n += CALL_OVERHEAD + count(name) + count(args);
     }
     n
 }

@@ -7,7 +7,9 @@ pub mod encoding;
 pub mod models;
 
 pub use cache::TokenCache;
-pub use count::{REPLY_PRIMING, message_tokens, message_upper_bound, tools_tokens};
+pub use count::{
+    REPLY_PRIMING, message_tokens, message_tokens_by, message_upper_bound, tools_tokens,
+};
 pub use encoding::Encoding;
 pub use models::{ModelSpec, resolve};
 

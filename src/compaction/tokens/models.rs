@@ -31,8 +31,8 @@ const BUILTIN: &[(&str, Encoding, usize)] = &[
     ("gpt-4-32k*", Encoding::Cl100kBase, 32_768),
     ("gpt-4*", Encoding::Cl100kBase, 8_192),
     ("gpt-3.5-turbo*", Encoding::Cl100kBase, 16_385),
-    // Claude's tokenizer is not public: o200k counts, calibrated per model from the
-    // usage Anthropic reports (see `http::dialect::messages`).
+    // Claude's tokenizer is not public: o200k counts, calibrated per conversation from
+    // the usage Anthropic reports (see `http::dialect::messages`).
     ("claude*", Encoding::O200kBase, 200_000),
 ];
 
