@@ -24,8 +24,11 @@ use serde_json::{Value, json};
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_sdk_check.py");
 const MODEL: &str = "claude-sonnet-4-5";
 
-/// An Anthropic mock: a message for `/v1/messages` (SSE when `stream`), a count for
-/// `count_tokens`; every answer carries a `request-id`.
+/// The digest the Anthropic mock writes when foldgate's summarizer asks it for one.
+const DIGEST: &str = "## Milestones\n- I read every module the task named.";
+
+/// An Anthropic mock: a message for `/v1/messages` (SSE when `stream`; [`DIGEST`] for a
+/// summarization call), a count for `count_tokens`; every answer carries a `request-id`.
 fn anthropic_provider() -> Handler {
     let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     Arc::new(move |rec: Recorded| {
@@ -34,6 +37,14 @@ fn anthropic_provider() -> Handler {
             let request: Value = serde_json::from_slice(&rec.body).unwrap_or(Value::Null);
             let mut r = if rec.uri.path().ends_with("/count_tokens") {
                 response(200, r#"{"input_tokens":42}"#)
+            } else if rec.headers.contains_key("x-foldgate-summary") {
+                response(
+                    200,
+                    json!({"id":"msg_d","type":"message","role":"assistant","model":MODEL,
+                        "content":[{"type":"text","text":DIGEST}],"stop_reason":"end_turn",
+                        "usage":{"input_tokens":900,"output_tokens":20}})
+                    .to_string(),
+                )
             } else if request["stream"] == json!(true) {
                 let events = [
                     (
@@ -227,15 +238,30 @@ async fn the_official_anthropic_sdk_works_through_foldgate_beside_an_openai_clie
     assert_eq!(lines.len(), 5, "{stdout}");
     let sent = |i: usize| std::fs::read(dir.join(format!("sent_{i}.json"))).unwrap();
 
-    // Each client reached its own provider, with its own credential and headers.
-    let ant = anthropic.recorded();
-    assert!(ant.iter().all(|r| r.uri.path().starts_with("/v1/messages")), "{ant:?}");
-    assert!(ant.iter().all(|r| r.headers.contains_key("anthropic-version")));
     // The SDK's credential as it sent it (`x-api-key`, or `Authorization` in newer SDKs).
     let credential = |r: &Recorded| {
         let value = r.headers.get("x-api-key").or(r.headers.get("authorization")).unwrap();
         value.to_str().unwrap().trim_start_matches("Bearer ").to_owned()
     };
+    // Each client reached its own provider, with its own credential and headers; the
+    // digests of the Anthropic conversation were asked of Anthropic (in the background:
+    // the long requests fitted once their old tool results were stubbed), with the
+    // client's key and the conversation's model.
+    let (summaries, ant): (Vec<Recorded>, Vec<Recorded>) = anthropic
+        .recorded()
+        .into_iter()
+        .partition(|r| r.headers.contains_key("x-foldgate-summary"));
+    assert!(!summaries.is_empty());
+    for call in &summaries {
+        assert_eq!(call.uri.path(), "/v1/messages");
+        assert_eq!(credential(call), "sk-ant-a");
+        assert!(call.headers.contains_key("anthropic-version"));
+        let body: Value = serde_json::from_slice(&call.body).unwrap();
+        assert_eq!(body["model"], MODEL);
+        assert!(body["system"].is_string() && body["messages"][0]["role"] == "user", "{body}");
+    }
+    assert!(ant.iter().all(|r| r.uri.path().starts_with("/v1/messages")), "{ant:?}");
+    assert!(ant.iter().all(|r| r.headers.contains_key("anthropic-version")));
     assert!(ant.iter().all(|r| credential(r).starts_with("sk-ant-")));
     assert_eq!(ant.len(), 5);
     let oai = openai.recorded();
@@ -271,7 +297,6 @@ async fn the_official_anthropic_sdk_works_through_foldgate_beside_an_openai_clie
             assert!(text.contains(&format!("\"Remark {round}: keep the public API")), "{round}");
         }
         assert!(text.contains("Fix the failing test in src/parser.rs. Never touch Cargo.lock."));
-        assert!(text.contains("[COMPACTED CONTEXT]"), "a digest stands for the folded work");
         // Assistant messages with thinking are forwarded byte for byte as the SDK sent
         // them, or not at all.
         let sent_text = String::from_utf8(sent(i)).unwrap();
@@ -341,6 +366,60 @@ async fn a_request_below_the_trigger_is_forwarded_byte_for_byte() {
     assert_eq!(recorded[0].headers["anthropic-beta"], "context-management-2025-06-27");
 }
 
+#[tokio::test]
+async fn anthropic_writes_the_digests_of_anthropic_conversations() {
+    let anthropic = MockUpstream::start(anthropic_provider()).await;
+    let mut config = config_for("http://127.0.0.1:9/v1");
+    config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
+    config.compaction.max_context_tokens = Some(12_000);
+    let proxy = Proxy::start(config).await;
+    let request = |body: Vec<u8>| {
+        http::Request::post(proxy.url("/v1/messages"))
+            .header("x-api-key", "sk-ant-d")
+            .header("x-session-id", "digests")
+            .header("anthropic-version", "2023-06-01")
+            .header("anthropic-beta", "context-management-2025-06-27")
+            .body(full(body))
+            .unwrap()
+    };
+    let (status, headers, _) = send(request(serde_json::to_vec(&params(40)).unwrap())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-outcome"], "compacted");
+    // The fold is summarized in the background (the request fitted without it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !anthropic.recorded().iter().any(|r| r.headers.contains_key("x-foldgate-summary")) {
+        assert!(std::time::Instant::now() < deadline, "no summarization call");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (status, _, _) = send(request(serde_json::to_vec(&params(41)).unwrap())).await;
+    assert_eq!(status, 200);
+
+    let recorded = anthropic.recorded();
+    let call = recorded.iter().find(|r| r.headers.contains_key("x-foldgate-summary")).unwrap();
+    assert_eq!(call.uri.path(), "/v1/messages");
+    assert_eq!(call.headers["x-api-key"], "sk-ant-d");
+    assert_eq!(call.headers["anthropic-version"], "2023-06-01");
+    assert_eq!(call.headers["anthropic-beta"], "context-management-2025-06-27");
+    let body: Value = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(body["model"], MODEL);
+    let prompt = body["messages"][0]["content"].as_str().unwrap();
+    assert!(prompt.contains("src/module_3.rs"), "the folded work is in the prompt");
+    // The next request carries the model's digest where the folded work was.
+    let last = forwarded(&anthropic).pop().unwrap();
+    assert_valid(&last.body);
+    let text = String::from_utf8_lossy(&last.body);
+    assert!(text.contains("[COMPACTED CONTEXT]"), "{text}");
+    assert!(text.contains("I read every module the task named."), "{text}");
+    assert!(text.contains("Fix the failing test in src/parser.rs. Never touch Cargo.lock."));
+}
+
+/// What the mock received from clients through foldgate (not summarization calls).
+fn forwarded(mock: &MockUpstream) -> Vec<Recorded> {
+    let recorded = mock.recorded().into_iter();
+    recorded.filter(|r| !r.headers.contains_key("x-foldgate-summary")).collect()
+}
+
 /// A POST to `/v1/messages` with an Anthropic key.
 fn messages_request(proxy: &Proxy, body: Vec<u8>) -> http::Request<TestBody> {
     http::Request::post(proxy.url("/v1/messages"))
@@ -376,7 +455,7 @@ async fn prompt_is_too_long_is_retried_compacted_and_teaches_the_window() {
     let (status, headers, _) = send(messages_request(&proxy, body.clone())).await;
     assert_eq!(status, 200);
     assert_eq!(headers["x-foldgate-retried"], "1");
-    let recorded = anthropic.recorded();
+    let recorded = forwarded(&anthropic);
     assert_eq!(recorded.len(), 2);
     assert_eq!(recorded[0].body, body, "the first try went as sent");
     assert!(recorded[1].body.len() < body.len() / 2);
@@ -386,7 +465,7 @@ async fn prompt_is_too_long_is_retried_compacted_and_teaches_the_window() {
     assert_eq!(status, 200);
     assert_eq!(headers["x-foldgate-learned-window"], "12000");
     assert_eq!(headers["x-foldgate-outcome"], "compacted");
-    assert_eq!(anthropic.recorded().len(), 3);
+    assert_eq!(forwarded(&anthropic).len(), 3);
 }
 
 /// An Anthropic mock that counts a prompt as 1.5 tokens per byte of its body in the
@@ -407,13 +486,14 @@ fn counting_provider() -> Handler {
     })
 }
 
-/// A config for the Anthropic mock at `anthropic`, with a 40,000-token window and no
-/// prefetch (so that every decision below is the trigger's).
+/// A config for the Anthropic mock at `anthropic`, with a 40,000-token window, no
+/// prefetch and inline digests (so that every decision below is the trigger's).
 fn calibration_config(anthropic: &MockUpstream) -> foldgate::config::Config {
     let mut config = config_for("http://127.0.0.1:9/v1");
     config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
     config.compaction.max_context_tokens = Some(40_000);
     config.compaction.prefetch = false;
+    config.summarizer.kind = foldgate::config::SummarizerKind::Extractive;
     config
 }
 

@@ -13,7 +13,9 @@ use common::sessions::{Shape, session_requests};
 use common::{MockUpstream, Recorded, response};
 use foldgate::config::{Secret, SummarizerConfig, UpstreamConfig};
 use foldgate::model::Message;
-use foldgate::summarizer::llm::{CircuitState, Credential, LlmSummarizer, SUMMARY_HEADER};
+use foldgate::summarizer::llm::{
+    CircuitState, Credential, LlmSummarizer, SUMMARY_HEADER, SummaryApi,
+};
 use foldgate::summarizer::{DigestKind, FailureReason, Summarizer, SummarizerError, SummaryInput};
 use http::HeaderValue;
 use serde_json::{Value, json};
@@ -132,6 +134,126 @@ async fn configured_key_and_model_win_over_the_clients() {
     assert_eq!(header(&rec[0], "authorization"), Some("Bearer sk-summary"));
     let body: Value = serde_json::from_slice(&rec[0].body).unwrap();
     assert_eq!(body["model"], "summary-model");
+}
+
+/// A Responses API answer whose output is `text` (after a reasoning item).
+fn responses_answer(text: &str) -> String {
+    json!({"id": "resp_d", "object": "response", "status": "completed", "output": [
+        {"type": "reasoning", "id": "rs_d", "summary": []},
+        {"type": "message", "id": "msg_d", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}]})
+    .to_string()
+}
+
+#[tokio::test]
+async fn a_responses_conversation_s_digest_is_asked_of_the_responses_api() {
+    let m = mock(200, responses_answer("## Milestones\n- the parser test was run")).await;
+    let s = LlmSummarizer::new(&config(&m), &upstream()).unwrap();
+    let msgs = region();
+    let bound =
+        s.bind_to(bearer("codex"), "gpt-5-codex", SummaryApi::Responses, &Default::default());
+    let digest = bound.summarize(input(&msgs)).await.unwrap();
+    assert_eq!(digest, "## Milestones\n- the parser test was run");
+    let r = &m.recorded()[0];
+    assert_eq!(r.uri.path(), "/v1/responses");
+    assert_eq!(header(r, SUMMARY_HEADER), Some("1"));
+    assert_eq!(header(r, "authorization"), Some("Bearer codex"));
+    let body: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["model"], "gpt-5-codex");
+    assert_eq!(body["store"], false);
+    assert!(body["instructions"].as_str().unwrap().contains("memory"), "{body}");
+    let prompt = body["input"][0]["content"].as_str().unwrap();
+    assert!(prompt.contains("Never touch src/api.rs."), "{prompt}");
+}
+
+#[tokio::test]
+async fn an_anthropic_conversation_s_digest_is_asked_of_anthropic_with_its_headers() {
+    let m = mock(
+        200,
+        json!({"type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": "## Milestones\n- ran the tests"}]})
+        .to_string(),
+    )
+    .await;
+    // Anthropic is `upstream.anthropic_url`; `summarizer.url` (an OpenAI endpoint) is not
+    // where an Anthropic key goes.
+    let up = UpstreamConfig { anthropic_url: m.url().replace("/v1", ""), ..upstream() };
+    let cfg = SummarizerConfig { url: "http://127.0.0.1:9/v1".to_owned(), ..config(&m) };
+    let s = LlmSummarizer::new(&cfg, &up).unwrap();
+    let mut headers = http::HeaderMap::new();
+    headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+    headers.insert("anthropic-beta", HeaderValue::from_static("oauth-2025-04-20"));
+    let key = Credential::from_headers(&{
+        let mut h = http::HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_static("sk-ant-k"));
+        h
+    });
+    let bound = s.bind_to(key, "claude-sonnet-4-5", SummaryApi::Messages, &headers);
+    let msgs = region();
+    assert_eq!(bound.summarize(input(&msgs)).await.unwrap(), "## Milestones\n- ran the tests");
+    let r = &m.recorded()[0];
+    assert_eq!(r.uri.path(), "/v1/messages");
+    assert_eq!(header(r, "x-api-key"), Some("sk-ant-k"));
+    assert_eq!(header(r, "authorization"), None);
+    assert_eq!(header(r, "anthropic-version"), Some("2023-06-01"));
+    assert_eq!(header(r, "anthropic-beta"), Some("oauth-2025-04-20"));
+    let body: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["model"], "claude-sonnet-4-5");
+    assert!(body["system"].is_string());
+    assert_eq!(body["messages"][0]["role"], "user");
+    assert_eq!(body["max_tokens"], 500);
+}
+
+#[tokio::test]
+async fn a_configured_summarizer_is_asked_in_chat_completions_whatever_the_conversation() {
+    let m = mock(200, answer("## Findings\n- ok")).await;
+    let msgs = region();
+    // `summarizer.model`: a Responses conversation's digest is asked of that chat model
+    // (with the client's key, at the OpenAI endpoint).
+    let cfg = SummarizerConfig { model: "gpt-4.1-mini".to_owned(), ..config(&m) };
+    let s = LlmSummarizer::new(&cfg, &upstream()).unwrap();
+    let headers = http::HeaderMap::new();
+    let bound = s.bind_to(bearer("c"), "gpt-5-codex", SummaryApi::Responses, &headers);
+    bound.summarize(input(&msgs)).await.unwrap();
+    // `summarizer.api_key`: every conversation's digest, an Anthropic one too, is asked
+    // of the configured endpoint with that key; the client's key stays home.
+    let cfg = SummarizerConfig { api_key: Secret::new("sk-summary"), ..config(&m) };
+    let s = LlmSummarizer::new(&cfg, &upstream()).unwrap();
+    let key = Credential::api_key(HeaderValue::from_static("sk-ant-k"));
+    let bound = s.bind_to(Some(key), "claude-sonnet-4-5", SummaryApi::Messages, &headers);
+    bound.summarize(input(&msgs)).await.unwrap();
+    let rec = m.recorded();
+    assert!(rec.iter().all(|r| r.uri.path() == "/v1/chat/completions"));
+    let model = |i: usize| serde_json::from_slice::<Value>(&rec[i].body).unwrap()["model"].clone();
+    assert_eq!(model(0), "gpt-4.1-mini");
+    assert_eq!(header(&rec[0], "authorization"), Some("Bearer c"));
+    assert_eq!(model(1), "claude-sonnet-4-5");
+    assert_eq!(header(&rec[1], "authorization"), Some("Bearer sk-summary"));
+    assert_eq!(header(&rec[1], "api-key"), None);
+}
+
+#[tokio::test]
+async fn one_failing_model_does_not_open_the_breaker_of_another() {
+    let m = MockUpstream::start(Arc::new(|rec: Recorded| {
+        let broken = memchr::memmem::find(&rec.body, b"\"model\":\"broken\"").is_some();
+        Box::pin(async move {
+            if broken { response(404, "{}") } else { response(200, answer("## Findings\n- ok")) }
+        })
+    }))
+    .await;
+    let cfg = SummarizerConfig { failure_threshold: 2, ..config(&m) };
+    let s = LlmSummarizer::new(&cfg, &upstream()).unwrap();
+    let msgs = region();
+    for _ in 0..4 {
+        let _ = s.bind(None, "broken").summarize(input(&msgs)).await;
+    }
+    assert_eq!(s.stats().circuit, CircuitState::Open);
+    assert_eq!(m.recorded().len(), 2, "the broken model's breaker opened after two failures");
+    s.bind(None, "gpt-4o").summarize(input(&msgs)).await.unwrap();
+    assert!(matches!(
+        s.bind(None, "broken").summarize(input(&msgs)).await,
+        Err(SummarizerError::CircuitOpen)
+    ));
 }
 
 #[tokio::test]

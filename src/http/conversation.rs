@@ -16,7 +16,7 @@ use crate::compactor::{ChatOutcome, Compactor, Decision, windows};
 use crate::metrics::{self, Metrics, OverflowRetry, WindowEvent, model_label};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
-use crate::summarizer::llm::{Credential, LlmSummarizer};
+use crate::summarizer::llm::{Credential, LlmSummarizer, SummaryApi};
 use crate::summarizer::{
     ExtractiveSummarizer, FailureReason, Summarizer, SummarizerError, SummaryInput,
 };
@@ -152,9 +152,8 @@ impl Conversations {
                     // The provider holds the conversation: nothing here to compact.
                     Decision::passthrough()
                 } else {
-                    let model_summarizer = dialect.model_summarizer();
-                    let summarizer =
-                        self.timed_summarizer(headers, &request, model_summarizer, metrics);
+                    let api = dialect.summary_api();
+                    let summarizer = self.timed_summarizer(headers, &request, api, metrics);
                     self.decide(&key, &request, summarizer, &options).await
                 };
                 parsed = Some((request, origins));
@@ -198,30 +197,24 @@ impl Conversations {
             .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
     }
 
-    /// The summarizer for `request`, its calls timed and its failures counted; the
-    /// extractive one unless `model` (the dialect allows the model summarizer).
+    /// The summarizer for `request` (of a conversation whose model summarizer speaks
+    /// `api`), its calls timed and its failures counted.
     fn timed_summarizer(
         &self,
         headers: &HeaderMap,
         request: &ChatRequest,
-        model: bool,
+        api: SummaryApi,
         metrics: &Arc<Metrics>,
     ) -> Arc<dyn Summarizer> {
-        let inner = if model {
-            self.summarizer_for(headers, request)
-        } else {
-            Box::new(ExtractiveSummarizer)
+        let inner: Box<dyn Summarizer> = match &self.summarizers {
+            Summarizers::Extractive => Box::new(ExtractiveSummarizer),
+            Summarizers::Llm(llm) => {
+                let credential = Credential::from_headers(headers);
+                let model = request.model().unwrap_or_default();
+                Box::new(llm.bind_to(credential, &model, api, headers))
+            }
         };
         Arc::new(Timed { inner, metrics: metrics.clone() })
-    }
-
-    fn summarizer_for(&self, headers: &HeaderMap, request: &ChatRequest) -> Box<dyn Summarizer> {
-        match &self.summarizers {
-            Summarizers::Extractive => Box::new(ExtractiveSummarizer),
-            Summarizers::Llm(llm) => Box::new(
-                llm.bind(Credential::from_headers(headers), &request.model().unwrap_or_default()),
-            ),
-        }
     }
 }
 
@@ -314,13 +307,9 @@ impl<D: Dialect> Turn<'_, D> {
         options.window_cap = stated.or(rejected).filter(|&n| n > 0);
         options.token_ratio = self.dialect.token_ratio(&self.model_name);
         let started = Instant::now();
-        let model_summarizer = self.dialect.model_summarizer();
-        let summarizer = self.conversations.timed_summarizer(
-            self.headers,
-            &request,
-            model_summarizer,
-            self.metrics,
-        );
+        let api = self.dialect.summary_api();
+        let summarizer =
+            self.conversations.timed_summarizer(self.headers, &request, api, self.metrics);
         let retry = self.conversations.decide(&self.key, &request, summarizer, &options).await;
         log_decision(&retry, true);
         let Some(compacted) = retry.rewritten.clone() else {

@@ -11,9 +11,10 @@
 //! ([`Calibration`]) for conversations not measured yet. A conversation whose prompts
 //! count more than the engine's estimate is planned against a window shrunk by its ratio.
 //!
-//! The summarizer of these conversations is the extractive one: the model summarizer
-//! speaks chat completions to `upstream.url`, and an Anthropic client's credential must
-//! not go there.
+//! The model summarizer asks these conversations' digests of Anthropic, in a Messages
+//! call to `upstream.anthropic_url` with the client's credential (never to `upstream.url`:
+//! an Anthropic key must not go there), unless `summarizer.api_key` names a summarizer
+//! of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,7 @@ use crate::metrics::{Metrics, Route};
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
 use crate::session::SessionKey;
+use crate::summarizer::llm::SummaryApi;
 
 /// Anthropic's Messages API. Holds the per-model token calibration (the prior of new
 /// conversations; each conversation keeps its own once measured).
@@ -159,8 +161,8 @@ impl Dialect for Messages {
         self.calibration.ratio(model)
     }
 
-    fn model_summarizer(&self) -> bool {
-        false
+    fn summary_api(&self) -> SummaryApi {
+        SummaryApi::Messages
     }
 }
 

@@ -23,6 +23,7 @@ use crate::compactor::Rewritten;
 use crate::metrics::{Metrics, Route};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
+use crate::summarizer::llm::SummaryApi;
 
 pub use chat::ChatCompletions;
 pub use messages::Messages;
@@ -139,9 +140,9 @@ pub trait Dialect: Send + Sync + 'static {
         None
     }
 
-    /// Whether the model summarizer (chat completions to `upstream.url`, with the
-    /// client's credential) may write this shape's digests; else the extractive one does.
-    fn model_summarizer(&self) -> bool {
-        true
+    /// The API the model summarizer speaks for this shape's conversations when it uses
+    /// the client's credential (see [`crate::summarizer::llm::LlmSummarizer::bind_to`]).
+    fn summary_api(&self) -> SummaryApi {
+        SummaryApi::ChatCompletions
     }
 }

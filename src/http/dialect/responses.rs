@@ -21,6 +21,7 @@ use crate::compactor::Rewritten;
 use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
+use crate::summarizer::llm::SummaryApi;
 
 /// OpenAI's Responses API.
 #[derive(Debug, Clone, Copy, Default)]
@@ -64,6 +65,10 @@ impl Dialect for Responses {
 
     fn is_overflow(&self, error_body: &[u8]) -> bool {
         !is_invalid_encrypted_content(error_body) && is_context_overflow(error_body)
+    }
+
+    fn summary_api(&self) -> SummaryApi {
+        SummaryApi::Responses
     }
 }
 

@@ -31,11 +31,13 @@ impl JsonClient {
         Ok(Self { client })
     }
 
-    /// POSTs `body` to `uri` with `auth` (if any) and returns the 2xx answer body.
+    /// POSTs `body` to `uri` with `auth` (if any) and the `extra` headers, and returns
+    /// the 2xx answer body.
     pub async fn post_json(
         &self,
         uri: &Uri,
         auth: Option<(&HeaderName, &HeaderValue)>,
+        extra: &[(HeaderName, HeaderValue)],
         body: Vec<u8>,
     ) -> Result<Bytes, SummarizerError> {
         let mut request = Request::post(uri.clone())
@@ -43,7 +45,7 @@ impl JsonClient {
             .header(SUMMARY_HEADER, HeaderValue::from_static("1"))
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| SummarizerError::Transport(e.to_string()))?;
-        if let Some((name, value)) = auth {
+        for (name, value) in auth.into_iter().chain(extra.iter().map(|(n, v)| (n, v))) {
             request.headers_mut().insert(name.clone(), value.clone());
         }
         let response = self.client.request(request).await.map_err(|e| transport(&e))?;

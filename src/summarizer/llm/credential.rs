@@ -6,9 +6,10 @@ use std::fmt;
 use http::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 
 const API_KEY: HeaderName = HeaderName::from_static("api-key");
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
-/// A client's credential as it sent it: the header (`authorization` or `api-key`) and
-/// its value. The value never prints.
+/// A client's credential as it sent it: the header (`authorization`, `api-key` or
+/// Anthropic's `x-api-key`) and its value. The value never prints.
 #[derive(Clone)]
 pub struct Credential {
     name: HeaderName,
@@ -16,9 +17,9 @@ pub struct Credential {
 }
 
 impl Credential {
-    /// The request's `Authorization` header, else its `api-key` header.
+    /// The request's `Authorization` header, else its `api-key`, else its `x-api-key`.
     pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
-        [AUTHORIZATION, API_KEY].into_iter().find_map(|name| {
+        [AUTHORIZATION, API_KEY, X_API_KEY].into_iter().find_map(|name| {
             let value = headers.get(&name).filter(|v| !v.is_empty())?.clone();
             Some(Self::new(name, value))
         })
@@ -66,6 +67,9 @@ mod tests {
     #[test]
     fn credential_prefers_authorization_and_never_prints() {
         let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_static("sk-ant-secret"));
+        let c = Credential::from_headers(&h).unwrap();
+        assert_eq!(c.header_name().as_str(), "x-api-key");
         h.insert("api-key", HeaderValue::from_static("azure-secret"));
         let c = Credential::from_headers(&h).unwrap();
         assert_eq!(c.header_name().as_str(), "api-key");

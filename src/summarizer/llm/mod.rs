@@ -1,31 +1,37 @@
-//! The LLM summarizer: a chat completion that writes the digest.
+//! The LLM summarizer: a model call that writes the digest (a chat completion, or the
+//! conversation's own API, see [`SummaryApi`]).
 //!
 //! [`LlmSummarizer`] is built once at start-up and shared: it owns the pooled client,
-//! the concurrency limit, the circuit breaker and the counters. A request's credential
-//! and model are known only per request, so the chat handler calls
-//! [`LlmSummarizer::bind`] and passes the [`BoundSummarizer`] to the engine.
+//! the concurrency limit, the circuit breakers and the counters. A request's credential
+//! and model are known only per request, so the conversation service calls
+//! [`LlmSummarizer::bind_to`] and passes the [`BoundSummarizer`] to the engine.
 //!
 //! Each call is bounded by `summarizer.timeout`, waiting for a concurrency permit
-//! included. While the breaker is open, calls fail at once with
+//! included. Each API and model has its own breaker (one model failing does not stop
+//! the digests of others): while it is open, calls fail at once with
 //! [`SummarizerError::CircuitOpen`] and the engine uses the extractive digest.
 //! Credentials never reach logs: only status, reason and duration are logged.
 
+mod api;
 mod breaker;
 mod client;
 mod credential;
 pub mod prompt;
 mod stats;
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use http::Uri;
-use http::header::{AUTHORIZATION, HeaderName, HeaderValue};
+use http::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
+pub use api::SummaryApi;
+use api::{answer_text, request_body};
 pub use breaker::CircuitState;
 use breaker::{Breaker, Outcome};
 use client::JsonClient;
@@ -36,7 +42,7 @@ pub use stats::LlmStats;
 
 use super::{FailureReason, ModelPrompt, Summarizer, SummarizerError, SummaryInput};
 use crate::config::{SummarizerConfig, UpstreamConfig};
-use crate::model::{Message, content_text, write_messages};
+use crate::model::Message;
 
 /// Why the LLM summarizer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -52,10 +58,23 @@ pub enum LlmSetupError {
     ApiKey,
 }
 
-/// The shared LLM summarizer: endpoint, pooled client, limits, breaker and counters.
+/// At most this many breakers are kept (one per API and model; model names come from
+/// clients): the table is cleared when a new one would exceed it.
+const MAX_BREAKERS: usize = 256;
+
+/// The headers of an Anthropic call that come from the client's request.
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+
+/// The shared LLM summarizer: endpoints, pooled client, limits, breakers and counters.
 pub struct LlmSummarizer {
     client: JsonClient,
+    /// `<summarizer.url or upstream.url>/chat/completions`.
     endpoint: Uri,
+    /// `<summarizer.url or upstream.url>/responses`.
+    responses_endpoint: Uri,
+    /// `<upstream.anthropic_url>/v1/messages`.
+    messages_endpoint: Uri,
     model: String,
     /// `Bearer <summarizer.api_key>`, when a key is configured.
     api_key: Option<HeaderValue>,
@@ -64,7 +83,9 @@ pub struct LlmSummarizer {
     /// Send the conversation's forwarded prefix instead of a rendering of the region.
     share_prefix: bool,
     permits: Semaphore,
-    breaker: Breaker,
+    failure_threshold: u32,
+    cooldown: Duration,
+    breakers: Mutex<HashMap<(SummaryApi, String), Arc<Breaker>>>,
     counters: Counters,
 }
 
@@ -79,19 +100,17 @@ impl fmt::Debug for LlmSummarizer {
 }
 
 impl LlmSummarizer {
-    /// Builds the summarizer: `<summarizer.url or upstream.url>/chat/completions`, a
-    /// pooled client with the upstream's connect timeout and TLS roots.
+    /// Builds the summarizer: `<summarizer.url or upstream.url>/chat/completions` (and
+    /// `/responses` beside it, and `<upstream.anthropic_url>/v1/messages`), a pooled
+    /// client with the upstream's connect timeout and TLS roots.
     pub fn new(
         cfg: &SummarizerConfig,
         upstream: &UpstreamConfig,
     ) -> Result<Arc<Self>, LlmSetupError> {
         let base = if cfg.url.is_empty() { &upstream.url } else { &cfg.url };
-        let endpoint: Uri = format!("{}/chat/completions", base.trim_end_matches('/'))
-            .parse()
-            .map_err(|e| LlmSetupError::Url(format!("{e}")))?;
-        if endpoint.scheme().is_none() || endpoint.authority().is_none() {
-            return Err(LlmSetupError::Url(format!("`{base}` has no scheme or host")));
-        }
+        let endpoint = endpoint_at(base, "chat/completions")?;
+        let responses_endpoint = endpoint_at(base, "responses")?;
+        let messages_endpoint = endpoint_at(&upstream.anthropic_url, "v1/messages")?;
         let api_key = if cfg.api_key.is_empty() {
             None
         } else {
@@ -103,30 +122,69 @@ impl LlmSummarizer {
         Ok(Arc::new(Self {
             client: JsonClient::new(upstream)?,
             endpoint,
+            responses_endpoint,
+            messages_endpoint,
             model: cfg.model.clone(),
             api_key,
             timeout: cfg.timeout,
             max_input_tokens: cfg.max_input_tokens,
             share_prefix: cfg.shares_prefix(),
             permits: Semaphore::new(cfg.max_concurrency.max(1)),
-            breaker: Breaker::new(cfg.failure_threshold, cfg.cooldown),
+            failure_threshold: cfg.failure_threshold,
+            cooldown: cfg.cooldown,
+            breakers: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         }))
     }
 
-    /// A summarizer for one request: its client's `credential` (used only when no
-    /// `summarizer.api_key` is configured) and its model (used only when no
+    /// A chat-completions summarizer for one request: its client's `credential` (used
+    /// only when no `summarizer.api_key` is configured) and its model (used only when no
     /// `summarizer.model` is configured).
     pub fn bind(
         self: &Arc<Self>,
         credential: Option<Credential>,
         request_model: &str,
     ) -> BoundSummarizer {
-        let model = if self.model.is_empty() { request_model } else { &self.model };
+        self.bind_to(credential, request_model, SummaryApi::ChatCompletions, &HeaderMap::new())
+    }
+
+    /// A summarizer for one request of a conversation that speaks `api`, with the
+    /// request's `headers` (an Anthropic call takes the client's `anthropic-version` and
+    /// `anthropic-beta`). With `summarizer.api_key`, calls are chat completions to the
+    /// configured endpoint, whatever the conversation's API. With the client's
+    /// credential, they speak the conversation's API to its provider, except that a
+    /// Responses conversation with `summarizer.model` set asks that (chat) model.
+    pub fn bind_to(
+        self: &Arc<Self>,
+        credential: Option<Credential>,
+        request_model: &str,
+        api: SummaryApi,
+        headers: &HeaderMap,
+    ) -> BoundSummarizer {
+        let api = match api {
+            _ if self.api_key.is_some() => SummaryApi::ChatCompletions,
+            SummaryApi::Responses if !self.model.is_empty() => SummaryApi::ChatCompletions,
+            api => api,
+        };
+        let model = match api {
+            SummaryApi::ChatCompletions if !self.model.is_empty() => &self.model,
+            _ => request_model,
+        };
+        let mut extra = Vec::new();
+        if api == SummaryApi::Messages {
+            let version = headers.get(ANTHROPIC_VERSION).cloned();
+            extra.push((
+                ANTHROPIC_VERSION,
+                version.unwrap_or(HeaderValue::from_static("2023-06-01")),
+            ));
+            extra.extend(headers.get(ANTHROPIC_BETA).map(|beta| (ANTHROPIC_BETA, beta.clone())));
+        }
         BoundSummarizer {
             inner: Arc::clone(self),
             credential: if self.api_key.is_some() { None } else { credential },
             model: model.to_owned(),
+            api,
+            extra,
         }
     }
 
@@ -135,25 +193,58 @@ impl LlmSummarizer {
         &self.endpoint
     }
 
-    /// A snapshot of the counters (cheap: a few atomic loads).
+    /// The URL of `api`'s calls.
+    fn endpoint_of(&self, api: SummaryApi) -> &Uri {
+        match api {
+            SummaryApi::ChatCompletions => &self.endpoint,
+            SummaryApi::Responses => &self.responses_endpoint,
+            SummaryApi::Messages => &self.messages_endpoint,
+        }
+    }
+
+    /// A snapshot of the counters; the circuit is the most open of the breakers.
     pub fn stats(&self) -> LlmStats {
-        self.counters.snapshot(self.breaker.state(Instant::now()))
+        let now = Instant::now();
+        let states = self.breakers.lock().map_or_else(
+            |_| Vec::new(),
+            |b| b.values().map(|breaker| breaker.state(now)).collect(),
+        );
+        let circuit = [CircuitState::Open, CircuitState::HalfOpen]
+            .into_iter()
+            .find(|s| states.contains(s))
+            .unwrap_or(CircuitState::Closed);
+        self.counters.snapshot(circuit)
+    }
+
+    /// The breaker of `api` calls to `model`.
+    fn breaker(&self, api: SummaryApi, model: &str) -> Arc<Breaker> {
+        let fresh = || Arc::new(Breaker::new(self.failure_threshold, self.cooldown));
+        let Ok(mut breakers) = self.breakers.lock() else { return fresh() };
+        let key = (api, model.to_owned());
+        if let Some(breaker) = breakers.get(&key) {
+            return breaker.clone();
+        }
+        if breakers.len() >= MAX_BREAKERS {
+            breakers.clear();
+        }
+        breakers.entry(key).or_insert_with(fresh).clone()
     }
 
     async fn summarize(
         &self,
-        credential: Option<&Credential>,
-        model: &str,
+        bound: &BoundSummarizer,
         input: SummaryInput<'_>,
     ) -> Result<String, SummarizerError> {
         let started = Instant::now();
-        let result = if self.breaker.admit(started) {
+        let (credential, model, api) = (bound.credential.as_ref(), &bound.model, bound.api);
+        let breaker = self.breaker(api, model);
+        let result = if breaker.admit(started) {
             let auth = match (&self.api_key, credential) {
                 (Some(key), _) => Some((&AUTHORIZATION, key)),
                 (None, Some(c)) => Some(c.header()),
                 (None, None) => None,
             };
-            let call = self.call(auth, model, input);
+            let call = self.call(auth, bound, input);
             let result = tokio::time::timeout(self.timeout, call)
                 .await
                 .unwrap_or(Err(SummarizerError::Timeout));
@@ -167,7 +258,7 @@ impl LlmSummarizer {
                 }
                 Err(_) => Outcome::Failure,
             };
-            self.breaker.record(Instant::now(), outcome);
+            breaker.record(Instant::now(), outcome);
             result
         } else {
             Err(SummarizerError::CircuitOpen)
@@ -192,6 +283,7 @@ impl LlmSummarizer {
                     reason = reason.as_str(),
                     status,
                     elapsed_ms,
+                    api = api.as_str(),
                     "summarizer call failed"
                 );
             }
@@ -203,7 +295,7 @@ impl LlmSummarizer {
     async fn call(
         &self,
         auth: Option<(&HeaderName, &HeaderValue)>,
-        model: &str,
+        bound: &BoundSummarizer,
         input: SummaryInput<'_>,
     ) -> Result<String, SummarizerError> {
         let _permit = self
@@ -211,22 +303,26 @@ impl LlmSummarizer {
             .acquire()
             .await
             .map_err(|_| SummarizerError::Transport("summarizer closed".to_owned()))?;
-        let body = request_body(model, &self.prompt_for(&input), input.max_tokens)
+        let prompt = self.prompt_for(&input, bound.api);
+        let body = request_body(bound.api, &bound.model, &prompt, input.max_tokens)
             .map_err(|e| SummarizerError::Failed(format!("cannot build the request: {e}")))?;
-        let answer = self.client.post_json(&self.endpoint, auth, body).await?;
-        digest_from(&answer)
+        let endpoint = self.endpoint_of(bound.api);
+        let answer = self.client.post_json(endpoint, auth, &bound.extra, body).await?;
+        digest_from(bound.api, &answer)
     }
 }
 
 impl LlmSummarizer {
-    /// The messages and tools a call for `input` sends: with a shared prefix (and
-    /// `summarizer.share_prefix`), the conversation as forwarded and the instruction last;
-    /// otherwise the digest prompt over a rendering of the region.
-    fn prompt_for(&self, input: &SummaryInput<'_>) -> ModelPrompt {
+    /// The messages and tools a call of `api` for `input` sends: with a shared prefix (and
+    /// `summarizer.share_prefix`, and an API that carries the conversation's messages as
+    /// they are), the conversation as forwarded and the instruction last; otherwise the
+    /// digest prompt over a rendering of the region.
+    fn prompt_for(&self, input: &SummaryInput<'_>, api: SummaryApi) -> ModelPrompt {
         let message = |role: &str, content: String| {
             Message::from_value(json!({"role": role, "content": content})).map(Arc::new)
         };
-        if let Some(shared) = input.shared.filter(|_| self.share_prefix) {
+        let shares = self.share_prefix && api.carries_neutral_messages();
+        if let Some(shared) = input.shared.filter(|_| shares) {
             let mut messages = shared.messages.to_vec();
             messages.extend(message("user", prompt::shared_instruction(input)));
             return ModelPrompt { messages, tools: shared.tools.map(str::to_owned) };
@@ -239,56 +335,20 @@ impl LlmSummarizer {
     }
 }
 
-/// The chat-completions body of one call: the prompt's messages (their JSON text as
-/// is), its `tools` with `tool_choice: none`, and the answer's size.
-fn request_body(
-    model: &str,
-    prompt: &ModelPrompt,
-    max_tokens: usize,
-) -> Result<Vec<u8>, serde_json::Error> {
-    let mut out =
-        Vec::with_capacity(prompt.messages.iter().map(|m| m.raw().len() + 1).sum::<usize>() + 256);
-    out.extend_from_slice(b"{\"model\":");
-    serde_json::to_writer(&mut out, model)?;
-    out.extend_from_slice(b",\"messages\":");
-    write_messages(&mut out, &prompt.messages);
-    if let Some(tools) = &prompt.tools {
-        out.extend_from_slice(b",\"tools\":");
-        out.extend_from_slice(tools.as_bytes());
-        out.extend_from_slice(b",\"tool_choice\":\"none\"");
+/// `base` joined with `path`, checked to be an absolute URL.
+fn endpoint_at(base: &str, path: &str) -> Result<Uri, LlmSetupError> {
+    let endpoint: Uri = format!("{}/{path}", base.trim_end_matches('/'))
+        .parse()
+        .map_err(|e| LlmSetupError::Url(format!("{e}")))?;
+    if endpoint.scheme().is_none() || endpoint.authority().is_none() {
+        return Err(LlmSetupError::Url(format!("`{base}` has no scheme or host")));
     }
-    out.extend_from_slice(b",\"stream\":false,");
-    if is_reasoning_model(model) {
-        // Reasoning models reject `max_tokens` and `temperature`; their budget covers
-        // hidden reasoning too, so it is given room beyond the digest itself.
-        let budget = max_tokens.saturating_mul(4).max(4096);
-        out.extend_from_slice(format!("\"max_completion_tokens\":{budget}}}").as_bytes());
-    } else {
-        out.extend_from_slice(
-            format!("\"temperature\":0,\"max_tokens\":{max_tokens}}}").as_bytes(),
-        );
-    }
-    Ok(out)
+    Ok(endpoint)
 }
 
-/// OpenAI's reasoning families (o1, o3, o4, gpt-5), which take `max_completion_tokens`
-/// and no `temperature`.
-fn is_reasoning_model(model: &str) -> bool {
-    let name = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
-    let o_series =
-        name.strip_prefix('o').is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
-    o_series || name.starts_with("gpt-5")
-}
-
-/// The digest in a chat-completions answer: `choices[0].message.content`, a string or
-/// an array of text parts, without an echoed digest marker; empty is an error.
-fn digest_from(answer: &[u8]) -> Result<String, SummarizerError> {
-    let value: serde_json::Value = serde_json::from_slice(answer)
-        .map_err(|e| SummarizerError::InvalidResponse(format!("not JSON: {e}")))?;
-    let content = value.pointer("/choices/0/message/content").ok_or_else(|| {
-        SummarizerError::InvalidResponse("no choices[0].message.content".to_owned())
-    })?;
-    let text = content_text(Some(content));
+/// The digest in an answer of `api`, without an echoed digest marker; empty is an error.
+fn digest_from(api: SummaryApi, answer: &[u8]) -> Result<String, SummarizerError> {
+    let text = answer_text(api, answer)?;
     let digest = prompt::clean_digest(&text);
     if digest.is_empty() {
         return Err(SummarizerError::InvalidResponse("empty content".to_owned()));
@@ -296,19 +356,23 @@ fn digest_from(answer: &[u8]) -> Result<String, SummarizerError> {
     Ok(digest.to_owned())
 }
 
-/// The LLM summarizer bound to one request's credential and model. Owns what it needs,
-/// so it can move into a background (prefetch) task.
+/// The LLM summarizer bound to one request's credential, model and API. Owns what it
+/// needs, so it can move into a background (prefetch) task.
 #[derive(Clone)]
 pub struct BoundSummarizer {
     inner: Arc<LlmSummarizer>,
     credential: Option<Credential>,
     model: String,
+    api: SummaryApi,
+    /// Headers the call takes from the client's request (not credentials).
+    extra: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl fmt::Debug for BoundSummarizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BoundSummarizer")
             .field("model", &self.model)
+            .field("api", &self.api)
             .field("credential", &self.credential)
             .finish_non_exhaustive()
     }
@@ -321,26 +385,11 @@ impl Summarizer for BoundSummarizer {
     }
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
-        self.inner.summarize(self.credential.as_ref(), &self.model, input).await
+        self.inner.summarize(self, input).await
     }
 
     fn prompt(&self, input: &SummaryInput<'_>) -> Option<ModelPrompt> {
-        Some(self.inner.prompt_for(input))
-    }
-}
-
-#[cfg(test)]
-mod reasoning_tests {
-    use super::is_reasoning_model;
-
-    #[test]
-    fn recognises_reasoning_families() {
-        for m in ["o1", "o3-mini", "o4-mini-high", "gpt-5", "openai/gpt-5-mini"] {
-            assert!(is_reasoning_model(m), "{m}");
-        }
-        for m in ["gpt-4o", "gpt-4.1-mini", "omni-x", "claude-3-5-sonnet", ""] {
-            assert!(!is_reasoning_model(m), "{m}");
-        }
+        Some(self.inner.prompt_for(input, self.api))
     }
 }
 
@@ -352,16 +401,16 @@ mod tests {
     fn digest_from_reads_strings_and_parts_and_rejects_empty() {
         let ok =
             br###"{"choices":[{"message":{"role":"assistant","content":"## Findings\n- x"}}]}"###;
-        assert_eq!(digest_from(ok).unwrap(), "## Findings\n- x");
+        assert_eq!(digest_from(SummaryApi::ChatCompletions, ok).unwrap(), "## Findings\n- x");
         let parts = br#"{"choices":[{"message":{"content":[{"type":"text","text":"[COMPACTED CONTEXT]\n## Milestones"},{"type":"text","text":"- y"}]}}]}"#;
-        assert_eq!(digest_from(parts).unwrap(), "## Milestones\n- y");
+        assert_eq!(digest_from(SummaryApi::ChatCompletions, parts).unwrap(), "## Milestones\n- y");
         for bad in [
             &br#"{"choices":[{"message":{"content":"  "}}]}"#[..],
             br#"{"choices":[{"message":{"content":null}}]}"#,
             br#"{"choices":[]}"#,
             b"not json",
         ] {
-            let e = digest_from(bad).unwrap_err();
+            let e = digest_from(SummaryApi::ChatCompletions, bad).unwrap_err();
             assert_eq!(e.reason(), Some(FailureReason::InvalidResponse), "{e}");
         }
     }
