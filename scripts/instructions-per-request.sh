@@ -16,19 +16,27 @@
 # (target/foldgate-default.callgrind, target/foldgate-off.callgrind; open with
 # callgrind_annotate --inclusive=yes).
 #
-# Usage: [BODY_KB=2] scripts/instructions-per-request.sh [N]   (default N 2000)
+# `API=responses` sends the same conversation as a Responses API request (`instructions`,
+# `input` items with function calls and their outputs) to `/v1/responses`.
+#
+# Usage: [BODY_KB=2] [API=chat|responses] [BIN=path/to/foldgate] \
+#        scripts/instructions-per-request.sh [N]   (default N 2000)
 # Needs valgrind, nginx and python3 (apt-get install -y valgrind nginx python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2000}
 BODY_KB=${BODY_KB:-2}
+API=${API:-chat}
+case "$API" in chat|responses) ;; *) echo "API is chat or responses, not $API" >&2; exit 2 ;; esac
 for tool in valgrind callgrind_control callgrind_annotate python3; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install -y valgrind python3)" >&2; exit 1; }
 done
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$NGINX" ] || { echo "nginx is missing (apt-get install -y nginx)" >&2; exit 1; }
 
-[ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release --quiet
+# BIN: another foldgate binary to count (e.g. a build of an earlier commit).
+BIN=${BIN:-target/release/foldgate}
+[ "${SKIP_BUILD:-0}" = 1 ] || [ "$BIN" != target/release/foldgate ] || cargo build --release --quiet
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
@@ -64,14 +72,29 @@ asyncio.run(main())
 EOF
 cat >"$work/load.py" <<'EOF'
 import http.client, json, sys
-port, n, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) * 1024
+port, n, size, api = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) * 1024, sys.argv[4]
 words = "the parser reads each frame and the writer flushes buffered output to disk".split()
 def prose(n, seed):
     out = []
     while sum(len(w) + 1 for w in out) < n:
         out.append(words[(len(out) * 7 + seed) % len(words)])
     return " ".join(out)[:n]
+def items(messages):
+    out = []
+    for m in messages[1:]:
+        if m.get("tool_calls"):
+            out += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                     "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+        elif m["role"] == "tool":
+            out.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
 def envelope(messages, last):
+    if api == "responses":
+        return json.dumps({"model": "gpt-4o-mini", "instructions": messages[0]["content"],
+                           "input": items(messages + [{"role": "user", "content": last}]),
+                           "temperature": 0.2, "max_output_tokens": 1024, "stream": False}).encode()
     return json.dumps({"model": "gpt-4o-mini", "messages": messages + [{"role": "user", "content": last}],
                        "temperature": 0.2, "max_tokens": 1024, "stream": False}).encode()
 messages = [{"role": "system", "content": prose(600, 1)}]
@@ -87,7 +110,8 @@ while len(envelope(messages, "")) + 1500 < size:
 body = envelope(messages, prose(max(0, size - len(envelope(messages, ""))), turn))
 connection = http.client.HTTPConnection("127.0.0.1", port)
 for _ in range(n):
-    connection.request("POST", "/v1/chat/completions", body=body,
+    path = "/v1/responses" if api == "responses" else "/v1/chat/completions"
+    connection.request("POST", path, body=body,
                        headers={"content-type": "application/json", "authorization": "Bearer sk-test"})
     response = connection.getresponse()
     response.read()
@@ -120,9 +144,9 @@ count() {
     valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>"$work/$name.err" & local pid=$!
     pids+=("$pid")
     wait_port "$port" "$name"
-    python3 "$work/load.py" "$port" 300 "$BODY_KB"
+    python3 "$work/load.py" "$port" 300 "$BODY_KB" "$API"
     callgrind_control -z "$pid" >/dev/null 2>&1
-    python3 "$work/load.py" "$port" "$N" "$BODY_KB"
+    python3 "$work/load.py" "$port" "$N" "$BODY_KB" "$API"
     callgrind_control -d "$pid" >/dev/null 2>&1
     sleep 1
     kill "$pid"; wait "$pid" 2>/dev/null || true
@@ -137,11 +161,11 @@ foldgate_env() {
     export FOLDGATE_SERVER__WORKERS=1 FOLDGATE_LISTEN=127.0.0.1:$FG_PORT
     export FOLDGATE_UPSTREAM_URL=http://127.0.0.1:$MOCK_PORT/v1
 }
-fg=$(foldgate_env; count foldgate-default "$FG_PORT" target/release/foldgate serve)
+fg=$(foldgate_env; count foldgate-default "$FG_PORT" "$BIN" serve)
 off=$(foldgate_env; export FOLDGATE_COMPACTION__ENABLED=false
-    count foldgate-off "$FG_PORT" target/release/foldgate serve)
+    count foldgate-off "$FG_PORT" "$BIN" serve)
 ng=$(count nginx "$NG_PORT" "$NGINX" -c "$work/nginx.conf")
-echo "user-space instructions per $BODY_KB KiB chat request ($N sequential, callgrind):"
+echo "user-space instructions per $BODY_KB KiB $API request ($N sequential, callgrind):"
 echo "  foldgate, default configuration  $fg"
 echo "  foldgate, compaction off         $off"
 echo "  nginx                            $ng"

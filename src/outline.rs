@@ -37,6 +37,17 @@ impl<'a> Outline<'a> {
     /// Scans `body`; `None` when it is not a JSON object with a `messages` array whose
     /// elements are objects, or when the scan meets anything it does not expect.
     pub fn scan(body: &'a [u8]) -> Option<Self> {
+        Self::scan_with(body, true)
+    }
+
+    /// Scans the top-level fields of a JSON object body of another shape (no `messages`
+    /// are read: [`Outline::messages`] is empty); `None` when the scan meets anything it
+    /// does not expect.
+    pub fn scan_fields(body: &'a [u8]) -> Option<Self> {
+        Self::scan_with(body, false)
+    }
+
+    fn scan_with(body: &'a [u8], read_messages: bool) -> Option<Self> {
         let mut scan = Scanner { body, pos: 0, mentions: (0, 0) };
         let mut fields = Vec::new();
         let mut messages = None;
@@ -49,7 +60,7 @@ impl<'a> Outline<'a> {
             scan.expect(b':')?;
             scan.whitespace();
             let start = scan.pos;
-            if key == "messages" {
+            if read_messages && key == "messages" {
                 messages = Some(scan.messages()?);
             } else {
                 scan.value()?;
@@ -66,7 +77,10 @@ impl<'a> Outline<'a> {
         if scan.peek().is_some() {
             return None;
         }
-        Some(Self { body, fields, messages: messages? })
+        if read_messages && messages.is_none() {
+            return None;
+        }
+        Some(Self { body, fields, messages: messages.unwrap_or_default() })
     }
 
     /// The raw text of a top-level field.

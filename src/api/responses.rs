@@ -63,16 +63,11 @@ pub fn parse(body: &[u8]) -> Option<(ChatRequest, Origins)> {
     origins.server_state = top.previous_response_id.is_some() || top.conversation.is_some();
     let mut builder = Builder::default();
     if let Some(instructions) = top.instructions {
-        let content = match serde_json::from_str::<Value>(instructions.get()).ok()? {
-            Value::String(s) => Value::String(s),
-            other => Value::String(other.to_string()),
-        };
-        builder.messages.push((json!({"role": "system", "content": content}), 0..0));
+        builder.messages.push((instructions_message(instructions.get())?, 0..0));
     }
     if input.get().starts_with('"') {
-        let text: String = serde_json::from_str(input.get()).ok()?;
         origins.items.push(origins.list.clone());
-        builder.messages.push((json!({"role": "user", "content": text}), 0..1));
+        builder.messages.push((text_input_message(input.get())?, 0..1));
     } else {
         let items: Vec<&RawValue> = serde_json::from_str(input.get()).ok()?;
         for (i, raw) in items.iter().enumerate() {
@@ -137,6 +132,71 @@ pub fn render(original: &Bytes, origins: &Origins, compacted: &ChatRequest) -> B
         }
     }
     origins.splice(original, &list.finish())
+}
+
+/// The neutral JSON text of a body's first system (or developer) message and of its first
+/// user message, from the raw `instructions` and `input`, as [`parse`] makes them, reading
+/// only the first items: the session fingerprint of a request known by its outline.
+/// `None` when that takes more (a `compaction` item before any system message, an
+/// `item_reference`, no user message): the body is parsed then.
+pub fn fingerprint_messages(
+    instructions: Option<&str>,
+    input: &str,
+) -> Option<(Option<String>, Option<String>)> {
+    let text = |value: Value| Message::from_value(value).ok().map(|m| m.raw().to_owned());
+    let mut system = match instructions {
+        Some(raw) => Some(text(instructions_message(raw)?)?),
+        None => None,
+    };
+    if input.starts_with('"') {
+        return Some((system, Some(text(text_input_message(input)?)?)));
+    }
+    let items: Vec<&RawValue> = serde_json::from_str(input).ok()?;
+    let mut user = None;
+    for raw in items {
+        if system.is_some() && user.is_some() {
+            break;
+        }
+        let item: Value = serde_json::from_str(raw.get()).ok()?;
+        match kind(&item)? {
+            Kind::Message(role) => {
+                let first = match role {
+                    "user" => &mut user,
+                    "system" | "developer" => &mut system,
+                    _ => continue,
+                };
+                if first.is_none() {
+                    *first = Some(text(item_message(role, &item))?);
+                }
+            }
+            // A pinned item is a developer message of its own.
+            Kind::Pinned if system.is_none() => return None,
+            Kind::Reference => return None,
+            _ => {}
+        }
+    }
+    user.is_some().then_some((system, user))
+}
+
+/// The neutral system message of `instructions` (raw JSON): its text, or the JSON of
+/// anything else.
+fn instructions_message(raw: &str) -> Option<Value> {
+    let content = match serde_json::from_str::<Value>(raw).ok()? {
+        Value::String(s) => Value::String(s),
+        other => Value::String(other.to_string()),
+    };
+    Some(json!({"role": "system", "content": content}))
+}
+
+/// The neutral user message of an `input` that is a string (raw JSON).
+fn text_input_message(raw: &str) -> Option<Value> {
+    let text: String = serde_json::from_str(raw).ok()?;
+    Some(json!({"role": "user", "content": text}))
+}
+
+/// The neutral message of a `message` item with `role`.
+fn item_message(role: &str, item: &Value) -> Value {
+    json!({"role": role, "content": neutral_content(item.get("content"))})
 }
 
 /// What an item was, beyond its conversion.
@@ -207,8 +267,7 @@ impl Builder {
                 self.open = None;
             }
             Kind::Message(role) => {
-                let content = neutral_content(item.get("content"));
-                let at = self.push(json!({"role": role, "content": content}), i);
+                let at = self.push(item_message(role, item), i);
                 self.open = (role == "assistant").then(|| (at, Vec::new(), false));
             }
             Kind::Call { call_id } => {

@@ -57,6 +57,18 @@ pub enum Ahead {
     Due,
 }
 
+/// What a scan that does not parse knows of a request's size: a bound no exact count
+/// can exceed, a rough estimate, and how many messages it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// At least the exact prompt tokens.
+    pub upper: usize,
+    /// A rough estimate of them.
+    pub estimate: usize,
+    /// Messages (for the report).
+    pub messages: usize,
+}
+
 /// The compaction engine. Cheap to share: holds only its configuration.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -94,13 +106,6 @@ impl Engine {
     /// always larger than the folds' range was when they were made, unless its model or
     /// reply reserve changed: then it fits as sent.)
     pub fn clearly_below(&self, outline: &Outline<'_>, opts: &Options) -> Option<Report> {
-        let cfg = &self.cfg;
-        if opts.force || !cfg.enabled {
-            return None;
-        }
-        let budget = Budget::for_model(outline.model(), outline.max_reply_tokens(), cfg, opts);
-        let prefetch = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
-        let limit = if cfg.prefetch { budget.trigger.min(prefetch) } else { budget.trigger };
         let (mut upper, mut estimate, mut count) = (REPLY_PRIMING, REPLY_PRIMING, 0);
         for message in outline.messages() {
             let len = message.range.len();
@@ -110,13 +115,32 @@ impl Engine {
             count += 1;
         }
         let tools = outline.tools_raw().map_or(0, <[u8]>::len);
-        upper += tools;
-        estimate += tools / 4;
-        if upper > limit {
+        let bound = Bound { upper: upper + tools, estimate: estimate + tools / 4, messages: count };
+        self.below_bound(outline.model(), outline.max_reply_tokens(), bound, opts)
+    }
+
+    /// [`Engine::clearly_below`] for a request of another API shape, known by a bound
+    /// its dialect computed without parsing it: a report when `bound.upper` is at most
+    /// the trigger and `prefetch_ratio` of the budget of `model` with `max_reply`.
+    pub fn below_bound(
+        &self,
+        model: Option<String>,
+        max_reply: Option<usize>,
+        bound: Bound,
+        opts: &Options,
+    ) -> Option<Report> {
+        let cfg = &self.cfg;
+        if opts.force || !cfg.enabled {
             return None;
         }
-        let mut report = Report::new(budget, false, count, 0, 0);
-        report.tokens_before = estimate.min(upper);
+        let budget = Budget::for_model(model, max_reply, cfg, opts);
+        let prefetch = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
+        let limit = if cfg.prefetch { budget.trigger.min(prefetch) } else { budget.trigger };
+        if bound.upper > limit {
+            return None;
+        }
+        let mut report = Report::new(budget, false, bound.messages, 0, 0);
+        report.tokens_before = bound.estimate.min(bound.upper);
         report.tokens_before_exact = false;
         report.tokens_after = report.tokens_before;
         report.fits = true;

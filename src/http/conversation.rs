@@ -136,7 +136,7 @@ impl Conversations {
         // it is: not parsed, no conversation state, no hop to the compaction runtime.
         let quick = outline.as_ref().and_then(|outline| {
             let report = dialect.clearly_below(self.compactor.engine(), outline, &options)?;
-            let key = dialect.outline_session_key(headers, session_header, outline);
+            let key = dialect.outline_session_key(headers, session_header, outline)?;
             Some((Decision::unchanged(report), key))
         });
         drop(outline);

@@ -6,7 +6,7 @@
 //! fingerprint of (model, first system message, first user message) does. Only hashes
 //! leave this module: raw session ids and credentials are never stored or shown.
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -66,17 +66,26 @@ pub fn session_key_of_outline(
     })
 }
 
-/// [`session_key`] of a request whose fingerprint parts a dialect found without parsing
-/// the body: the model, and the neutral text of the first system and first user
-/// messages (the same key as the parsed request's).
-pub fn session_key_of_parts(
+/// [`session_key`] of a request whose fingerprint parts a dialect finds without parsing
+/// the body (the model, and the neutral JSON text of the first system and first user
+/// messages: the same key as the parsed request's), found by `parts` only when there is
+/// no session header; `None` when they are needed and `parts` cannot find them.
+pub fn session_key_with(
     headers: &HeaderMap,
     session_header: &str,
-    model: String,
-    system: Option<&[u8]>,
-    user: Option<&[u8]>,
-) -> SessionKey {
-    key(headers, session_header, || (model, system, user))
+    parts: impl FnOnce() -> Option<(String, Option<String>, Option<String>)>,
+) -> Option<SessionKey> {
+    if session_id(headers, session_header).is_some() {
+        return Some(key(headers, session_header, || (String::new(), None, None)));
+    }
+    let (model, system, user) = parts()?;
+    let (system, user) = (system.as_deref().map(str::as_bytes), user.as_deref().map(str::as_bytes));
+    Some(key(headers, session_header, || (model, system, user)))
+}
+
+/// The session header's value, when the request names its conversation.
+fn session_id<'h>(headers: &'h HeaderMap, session_header: &str) -> Option<&'h HeaderValue> {
+    headers.get(session_header).filter(|v| !v.is_empty())
 }
 
 /// The key from the credential and the session header, or else from the fingerprint
@@ -97,7 +106,7 @@ fn key<'a>(
         None => hash.update(b"anonymous"),
     }
     hash.update(b"\0");
-    match headers.get(session_header).filter(|v| !v.is_empty()) {
+    match session_id(headers, session_header) {
         Some(id) => {
             hash.update(b"header\0");
             hash.update(id.as_bytes());

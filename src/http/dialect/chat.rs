@@ -50,8 +50,8 @@ impl Dialect for ChatCompletions {
         headers: &HeaderMap,
         session_header: &str,
         outline: &Outline<'_>,
-    ) -> SessionKey {
-        session_key_of_outline(headers, session_header, outline)
+    ) -> Option<SessionKey> {
+        Some(session_key_of_outline(headers, session_header, outline))
     }
 
     fn parse(&self, body: &[u8]) -> Option<(ChatRequest, ())> {

@@ -22,13 +22,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{HeaderMap, Response};
 
-use super::Dialect;
+use super::{Dialect, byte_bound};
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report, TokenRatio};
 use crate::compactor::Rewritten;
 use crate::http::body::ProxyBody;
 use crate::http::conversation::Counted;
-use crate::http::session_key::session_key_of_parts;
+use crate::http::session_key::session_key_with;
 use crate::http::usage_tap::{OnUsage, tapped_with};
 use crate::metrics::{Metrics, Route};
 use crate::model::{ChatRequest, Role};
@@ -75,30 +75,16 @@ impl Dialect for Messages {
         outline.outline.model()
     }
 
-    /// The engine's decision from the outline, checked against a bound of the whole body:
-    /// every token takes at least one byte of its JSON text (which also covers the
-    /// per-message framing of the neutral form), plus an image's most per image block.
+    /// The engine's decision from a bound of the whole body ([`byte_bound`]).
     fn clearly_below(
         &self,
         engine: &Engine,
         outline: &MessagesOutline<'_>,
         options: &Options,
     ) -> Option<Report> {
-        let mut report = engine.clearly_below(&outline.outline, options)?;
-        let cfg = engine.config();
-        let budget = &report.budget;
-        let prefetch = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
-        let limit = if cfg.prefetch { budget.trigger.min(prefetch) } else { budget.trigger };
-        let images = memchr::memmem::find_iter(outline.body, b"\"image\"").count();
-        let upper =
-            outline.body.len() + images * crate::compaction::tokens::count::IMAGE_UNKNOWN + 16;
-        if upper > limit {
-            return None;
-        }
-        let system = outline.outline.field("system").map_or(0, <[u8]>::len);
-        report.tokens_before = (report.tokens_before + system / 4).min(upper);
-        report.tokens_after = report.tokens_before;
-        Some(report)
+        let scan = &outline.outline;
+        let bound = byte_bound(outline.body, b"\"image\"", scan.tools_raw(), scan.messages().len());
+        engine.below_bound(scan.model(), scan.max_reply_tokens(), bound, options)
     }
 
     fn outline_session_key(
@@ -106,26 +92,22 @@ impl Dialect for Messages {
         headers: &HeaderMap,
         session_header: &str,
         outline: &MessagesOutline<'_>,
-    ) -> SessionKey {
+    ) -> Option<SessionKey> {
         let scan = &outline.outline;
-        let text = |raw: &[u8]| std::str::from_utf8(raw).ok().map(str::to_owned);
-        let system = scan
-            .field("system")
-            .filter(|raw| raw.trim_ascii() != b"null")
-            .and_then(text)
-            .and_then(|raw| api::messages::neutral_system(&raw));
-        let user = scan
-            .messages()
-            .iter()
-            .filter(|m| m.role == Some(Role::User))
-            .find_map(|m| api::messages::neutral_first_user(&text(scan.raw(m))?));
-        session_key_of_parts(
-            headers,
-            session_header,
-            scan.model().unwrap_or_default(),
-            system.as_deref().map(str::as_bytes),
-            user.as_deref().map(str::as_bytes),
-        )
+        session_key_with(headers, session_header, || {
+            let text = |raw: &[u8]| std::str::from_utf8(raw).ok().map(str::to_owned);
+            let system = scan
+                .field("system")
+                .filter(|raw| raw.trim_ascii() != b"null")
+                .and_then(text)
+                .and_then(|raw| api::messages::neutral_system(&raw));
+            let user = scan
+                .messages()
+                .iter()
+                .filter(|m| m.role == Some(Role::User))
+                .find_map(|m| api::messages::neutral_first_user(&text(scan.raw(m))?));
+            Some((scan.model().unwrap_or_default(), system, user))
+        })
     }
 
     fn parse(&self, body: &[u8]) -> Option<(ChatRequest, Origins)> {

@@ -18,6 +18,9 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::body::ProxyBody;
 use super::conversation::Counted;
+use crate::compaction::engine::Bound;
+use crate::compaction::tokens::REPLY_PRIMING;
+use crate::compaction::tokens::count::IMAGE_UNKNOWN;
 use crate::compaction::{Engine, Options, Report};
 use crate::compactor::Rewritten;
 use crate::metrics::{Metrics, Route};
@@ -28,6 +31,18 @@ use crate::summarizer::llm::SummaryApi;
 pub use chat::ChatCompletions;
 pub use messages::Messages;
 pub use responses::Responses;
+
+/// The size bound of a body that the engine does not read: every token of its prompt
+/// takes at least one byte of the body's JSON text (which also covers the per-message
+/// framing of the neutral form), except images, each charged its most (`image`: how the
+/// body names an image block). Tool definitions (`tools`, their raw text) may become
+/// longer JSON in the neutral form, so they count twice.
+pub fn byte_bound(body: &[u8], image: &[u8], tools: Option<&[u8]>, messages: usize) -> Bound {
+    let images = memchr::memmem::find_iter(body, image).count();
+    let tools = tools.map_or(0, <[u8]>::len);
+    let upper = body.len() + tools + images * IMAGE_UNKNOWN + REPLY_PRIMING;
+    Bound { upper, estimate: body.len() / 4, messages }
+}
 
 /// One API shape, as the conversation service and the handler need it.
 pub trait Dialect: Send + Sync + 'static {
@@ -57,13 +72,14 @@ pub trait Dialect: Send + Sync + 'static {
         options: &Options,
     ) -> Option<Report>;
 
-    /// The session key of a request known only by its outline.
+    /// The session key of a request known only by its outline (the same as the parsed
+    /// request's); `None` when the outline does not tell it (the body is parsed then).
     fn outline_session_key(
         &self,
         headers: &HeaderMap,
         session_header: &str,
         outline: &Self::Outline<'_>,
-    ) -> SessionKey;
+    ) -> Option<SessionKey>;
 
     /// The body as the engine's neutral request and the origins of its messages; `None`
     /// when it is not a request of this shape that foldgate understands (it is then

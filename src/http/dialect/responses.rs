@@ -5,21 +5,23 @@
 //! keeps (`previous_response_id`, `conversation`, `item_reference`) are forwarded as
 //! received.
 //!
-//! There is no outline: every request is parsed (the scan of chat bodies does not read
-//! `input` items).
-
-use std::convert::Infallible;
+//! A request far below the trigger is decided from its top-level fields alone (the
+//! outline): its model, `max_output_tokens`, and a bound of its size in bytes; its session
+//! key from `instructions` and the first items of `input` (read up to its first user
+//! message). Anything else is parsed.
 
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::Dialect;
 use super::chat::is_context_overflow;
+use super::{Dialect, byte_bound};
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
 use crate::compactor::Rewritten;
+use crate::http::session_key::session_key_with;
 use crate::metrics::Route;
 use crate::model::ChatRequest;
+use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
 
@@ -27,28 +29,68 @@ use crate::summarizer::llm::SummaryApi;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Responses;
 
+/// What the scan reads of a Responses body: its top-level fields, and the body.
+#[derive(Debug)]
+pub struct ResponsesOutline<'a> {
+    fields: Outline<'a>,
+    body: &'a [u8],
+}
+
 impl Dialect for Responses {
-    type Outline<'a> = Infallible;
+    type Outline<'a> = ResponsesOutline<'a>;
     type Origins = Origins;
 
     fn route(&self) -> Route {
         Route::Responses
     }
 
-    fn outline(&self, _body: &[u8]) -> Option<Infallible> {
-        None
+    /// `None` for a request without `input` or relying on state the provider keeps: it is
+    /// parsed, as the decision for it is not the engine's.
+    fn outline<'a>(&self, body: &'a [u8]) -> Option<ResponsesOutline<'a>> {
+        let fields = Outline::scan_fields(body)?;
+        let server_state = ["previous_response_id", "conversation"]
+            .iter()
+            .any(|k| fields.field(k).is_some_and(|raw| raw.trim_ascii() != b"null"));
+        (fields.field("input").is_some() && !server_state)
+            .then_some(ResponsesOutline { fields, body })
     }
 
-    fn outline_model(&self, outline: &Infallible) -> Option<String> {
-        match *outline {}
+    fn outline_model(&self, outline: &ResponsesOutline<'_>) -> Option<String> {
+        outline.fields.model()
     }
 
-    fn clearly_below(&self, _: &Engine, outline: &Infallible, _: &Options) -> Option<Report> {
-        match *outline {}
+    /// The engine's decision from a bound of the whole body ([`byte_bound`]).
+    fn clearly_below(
+        &self,
+        engine: &Engine,
+        outline: &ResponsesOutline<'_>,
+        options: &Options,
+    ) -> Option<Report> {
+        let fields = &outline.fields;
+        let max_reply = fields
+            .field("max_output_tokens")
+            .and_then(|raw| serde_json::from_slice::<u64>(raw).ok())
+            .and_then(|n| usize::try_from(n).ok());
+        let bound = byte_bound(outline.body, b"\"input_image\"", fields.tools_raw(), 0);
+        engine.below_bound(fields.model(), max_reply, bound, options)
     }
 
-    fn outline_session_key(&self, _: &HeaderMap, _: &str, outline: &Infallible) -> SessionKey {
-        match *outline {}
+    fn outline_session_key(
+        &self,
+        headers: &HeaderMap,
+        session_header: &str,
+        outline: &ResponsesOutline<'_>,
+    ) -> Option<SessionKey> {
+        let fields = &outline.fields;
+        session_key_with(headers, session_header, || {
+            let instructions = match fields.field("instructions") {
+                Some(raw) if raw.trim_ascii() != b"null" => Some(std::str::from_utf8(raw).ok()?),
+                _ => None,
+            };
+            let input = std::str::from_utf8(fields.field("input")?).ok()?;
+            let (system, user) = api::responses::fingerprint_messages(instructions, input)?;
+            Some((fields.model().unwrap_or_default(), system, user))
+        })
     }
 
     fn parse(&self, body: &[u8]) -> Option<(ChatRequest, Origins)> {
@@ -92,5 +134,81 @@ mod tests {
         assert!(!d.is_overflow(
             br#"{"error":{"message":"The encrypted content for item rs_1 could not be verified.","type":"invalid_request_error","param":null,"code":"invalid_encrypted_content"}}"#
         ));
+    }
+
+    /// Bodies whose first messages come in every way `parse` makes them.
+    fn bodies() -> Vec<serde_json::Value> {
+        use serde_json::json;
+        let user =
+            json!({"role": "user", "content": [{"type": "input_text", "text": "Fix the parser."}]});
+        let call = json!({"type": "function_call", "call_id": "c1", "name": "run",
+            "arguments": "{\"cmd\":\"cargo test\"}"});
+        let output = json!({"type": "function_call_output", "call_id": "c1",
+            "output": "test parser ... FAILED"});
+        let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": [],
+            "encrypted_content": "gAAAA"});
+        let developer = json!({"type": "message", "role": "developer", "content": "Be brief."});
+        vec![
+            json!({"model": "gpt-5-codex", "input": "Fix the parser."}),
+            json!({"model": "gpt-5-codex", "instructions": "You are Codex.", "input": "hi"}),
+            json!({"model": "gpt-5-codex", "instructions": null, "input": [user]}),
+            json!({"model": "gpt-5-codex", "instructions": ["odd"], "input": [user, reasoning, call, output]}),
+            json!({"model": "gpt-4.1", "input": [developer, reasoning, user, call, output]}),
+            json!({"model": "gpt-4.1", "instructions": "Codex.", "input": [reasoning, user, developer, call, output]}),
+            json!({"input": [call, output, user], "max_output_tokens": 300}),
+        ]
+    }
+
+    #[test]
+    fn the_outline_s_session_key_is_the_parsed_request_s() {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", "Bearer sk-a".parse().unwrap());
+        for body in bodies() {
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let outline = Responses.outline(&bytes).unwrap();
+            let (request, _) = Responses.parse(&bytes).unwrap();
+            let parsed = Responses.session_key(&headers, "x-session-id", &request);
+            let outlined = Responses.outline_session_key(&headers, "x-session-id", &outline);
+            assert_eq!(outlined, Some(parsed), "{body}");
+        }
+    }
+
+    #[test]
+    fn the_outline_defers_to_the_parser_where_it_cannot_tell() {
+        use serde_json::json;
+        let headers = HeaderMap::new();
+        let pinned = json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA"});
+        let user = json!({"role": "user", "content": "hi"});
+        // A compaction item before any system message is the first system message.
+        let body = serde_json::to_vec(&json!({"model": "m", "input": [pinned, user]})).unwrap();
+        let outline = Responses.outline(&body).unwrap();
+        assert_eq!(Responses.outline_session_key(&headers, "x-session-id", &outline), None);
+        // With a session header the fingerprint is not needed.
+        let mut named = HeaderMap::new();
+        named.insert("x-session-id", "s1".parse().unwrap());
+        assert!(Responses.outline_session_key(&named, "x-session-id", &outline).is_some());
+        // State the provider keeps, or no `input`: parsed.
+        for body in [
+            json!({"model": "m", "input": [user], "previous_response_id": "resp_1"}),
+            json!({"model": "m", "input": [user], "conversation": "conv_1"}),
+            json!({"model": "m"}),
+        ] {
+            assert!(Responses.outline(&serde_json::to_vec(&body).unwrap()).is_none(), "{body}");
+        }
+    }
+
+    #[test]
+    fn the_byte_bound_is_never_below_the_exact_count() {
+        let engine = Engine::new(crate::config::CompactionConfig::default());
+        for body in bodies() {
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let outline = Responses.outline(&bytes).unwrap();
+            let report = Responses.clearly_below(&engine, &outline, &Options::default()).unwrap();
+            let (request, _) = Responses.parse(&bytes).unwrap();
+            let mut cache = crate::compaction::TokenCache::default();
+            let exact = engine.count_prompt(&request, &report.budget, &mut cache);
+            let bound = byte_bound(&bytes, b"\"input_image\"", outline.fields.tools_raw(), 0);
+            assert!(bound.upper >= exact, "{} < {exact}: {body}", bound.upper);
+        }
     }
 }
