@@ -15,6 +15,7 @@ mod passthrough;
 mod routes;
 pub mod server;
 pub mod session_key;
+pub mod sse;
 pub mod upstream;
 pub mod usage_tap;
 
