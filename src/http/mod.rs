@@ -11,6 +11,7 @@ mod headers;
 pub mod inspect;
 pub mod layers;
 mod linger;
+mod overflow;
 mod passthrough;
 mod routes;
 pub mod server;
