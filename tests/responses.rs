@@ -1,6 +1,7 @@
 //! The Responses API (`POST /v1/responses`) through foldgate: the conversion of items to
-//! neutral messages and back (engine level), and the official `openai` Python SDK's
-//! `client.responses.create`, plain and streamed, against a recording mock provider.
+//! neutral messages and back (engine level), the official `openai` Python SDK's
+//! `client.responses.create`, plain and streamed, against a recording mock provider, and
+//! the retry of a streamed request whose 200 event stream fails for its context length.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -22,7 +23,9 @@ use foldgate::compaction::{Engine, Options, Outcome, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::model::DIGEST_MARKER;
 use foldgate::summarizer::ExtractiveSummarizer;
-use http::Request;
+use foldgate::summarizer::llm::SUMMARY_HEADER;
+use http::{Request, Response};
+use hyper::body::Frame;
 use serde_json::{Value, json};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_responses_check.py");
@@ -213,21 +216,99 @@ async fn the_engine_compacts_a_long_session_and_rendering_keeps_items_whole() {
         && i["content"].as_str().is_some_and(|t| t.starts_with(DIGEST_MARKER))));
 }
 
+const USAGE: &str = r#"{"input_tokens":100,"input_tokens_details":{"cached_tokens":40},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":101}"#;
+
+/// A response object as the API returns it, with its status, usage and (for a failure)
+/// error.
+fn response_object(status: &str, usage: &str, error: &str) -> String {
+    format!(
+        r#"{{"id":"resp_1","object":"response","created_at":1700000000,"status":"{status}","error":{error},"model":"gpt-4.1","output":[{{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{{"type":"output_text","text":"ok","annotations":[]}}]}}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{usage}}}"#
+    )
+}
+
+/// Server-sent events as the API writes them: `event:` and `data:` lines.
+fn sse(events: &[(&str, String)]) -> String {
+    events.iter().map(|(e, d)| format!("event: {e}\ndata: {d}\n\n")).collect()
+}
+
+/// `response.created` and `response.in_progress`, the events a stream starts with.
+fn leading_events() -> Vec<(&'static str, String)> {
+    let in_progress = response_object("in_progress", "null", "null");
+    vec![
+        (
+            "response.created",
+            format!(
+                r#"{{"type":"response.created","sequence_number":0,"response":{in_progress}}}"#
+            ),
+        ),
+        (
+            "response.in_progress",
+            format!(
+                r#"{{"type":"response.in_progress","sequence_number":1,"response":{in_progress}}}"#
+            ),
+        ),
+    ]
+}
+
+/// A streamed answer that completes, with usage in its `response.completed` event.
+fn completed_stream() -> String {
+    sse(&[
+        ("response.created", format!(r#"{{"type":"response.created","sequence_number":0,"response":{}}}"#, response_object("in_progress", "null", "null"))),
+        ("response.output_text.delta", r#"{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"ok","logprobs":[]}"#.to_owned()),
+        ("response.completed", format!(r#"{{"type":"response.completed","sequence_number":2,"response":{}}}"#, response_object("completed", USAGE, "null"))),
+    ])
+}
+
+/// A streamed answer that fails after its leading events with `code` and `message`.
+fn failed_stream(code: &str, message: &str) -> String {
+    let error = json!({"code": code, "message": message}).to_string();
+    let failed = response_object("failed", "null", &error);
+    let mut events = leading_events();
+    events.push((
+        "response.failed",
+        format!(r#"{{"type":"response.failed","sequence_number":2,"response":{failed}}}"#),
+    ));
+    sse(&events)
+}
+
+/// OpenAI's answer to a streamed request over the window.
+fn overflow_stream() -> String {
+    failed_stream(
+        "context_length_exceeded",
+        "Your input exceeds the context window of this model. Please adjust your input and try again.",
+    )
+}
+
+/// A 200 event stream of `text`, sent in small frames a moment apart, with a header of
+/// the provider's own.
+fn event_stream(text: String) -> Response<TestBody> {
+    let (tx, body) = channel_body();
+    tokio::spawn(async move {
+        for chunk in Bytes::from(text).chunks(97).map(Bytes::copy_from_slice) {
+            if tx.send(Ok(Frame::data(chunk))).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    });
+    let mut r = Response::new(body);
+    r.headers_mut().insert("content-type", "text/event-stream; charset=utf-8".parse().unwrap());
+    r.headers_mut().insert("x-request-id", "req_upstream".parse().unwrap());
+    r
+}
+
 /// A mock Responses provider: a digest for summarizer calls, SSE for `"stream": true`,
 /// a 400 `invalid_encrypted_content` when an item's encrypted content is `INVALID`, a
 /// response object otherwise.
 fn responses_provider() -> Handler {
-    const USAGE: &str = r#"{"input_tokens":100,"input_tokens_details":{"cached_tokens":40},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":101}"#;
-    fn response_object(status: &str, usage: &str) -> String {
-        format!(
-            r#"{{"id":"resp_1","object":"response","created_at":1700000000,"status":"{status}","model":"gpt-4.1","output":[{{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{{"type":"output_text","text":"ok","annotations":[]}}]}}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{usage}}}"#
-        )
-    }
     Arc::new(|rec: Recorded| {
         Box::pin(async move {
             if rec.headers.contains_key("x-foldgate-summary") {
-                let body = json!({"choices": [{"index": 0, "message": {"role": "assistant",
-                    "content": "## Milestones\n- I read the modules."}}]});
+                // A digest asked in the Responses API, as a Codex model answers it.
+                let body = json!({"id": "resp_d", "object": "response", "status": "completed",
+                    "output": [{"type": "reasoning", "id": "rs_d", "summary": []},
+                        {"type": "message", "id": "msg_d", "role": "assistant", "content":
+                        [{"type": "output_text", "text": DIGEST, "annotations": []}]}]});
                 return response(200, body.to_string());
             }
             if memchr::memmem::find(&rec.body, b"\"INVALID\"").is_some() {
@@ -237,23 +318,34 @@ fn responses_provider() -> Handler {
             }
             let request: Value = serde_json::from_slice(&rec.body).unwrap_or(Value::Null);
             if request["stream"] == json!(true) {
-                let events = [
-                    ("response.created", format!(r#"{{"type":"response.created","sequence_number":0,"response":{}}}"#, response_object("in_progress", "null"))),
-                    ("response.output_text.delta", r#"{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"ok","logprobs":[]}"#.to_owned()),
-                    ("response.completed", format!(r#"{{"type":"response.completed","sequence_number":2,"response":{}}}"#, response_object("completed", USAGE))),
-                ];
-                let text: String =
-                    events.iter().map(|(e, d)| format!("event: {e}\ndata: {d}\n\n")).collect();
-                let mut r = response(200, text);
+                let mut r = response(200, completed_stream());
                 r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
                 return r;
             }
-            let mut r = response(200, response_object("completed", USAGE));
+            let mut r = response(200, response_object("completed", USAGE, "null"));
             r.headers_mut().insert("content-type", "application/json".parse().unwrap());
             r
         })
     })
 }
+
+/// A provider whose first answers to Responses requests are the event streams `first`,
+/// one per request, in order; then [`responses_provider`]'s.
+fn streams_first(first: Vec<String>) -> Handler {
+    let inner = responses_provider();
+    let first = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(first)));
+    Arc::new(move |rec: Recorded| {
+        let summary = rec.headers.contains_key("x-foldgate-summary");
+        let next = if summary { None } else { first.lock().unwrap().pop_front() };
+        match next {
+            Some(text) => Box::pin(async move { event_stream(text) }),
+            None => inner(rec),
+        }
+    })
+}
+
+/// The digest the mock writes when foldgate's summarizer asks it for one.
+const DIGEST: &str = "## Milestones\n- I read modules 0 to 39 and ran the parser tests.";
 
 const INVALID_ENCRYPTED: &str = r#"{"error":{"message":"The encrypted content for item rs_bad could not be verified.","type":"invalid_request_error","param":null,"code":"invalid_encrypted_content"}}"#;
 
@@ -394,6 +486,59 @@ async fn the_official_python_sdk_responses_calls_are_compacted_through_foldgate(
 }
 
 #[tokio::test]
+async fn a_codex_session_is_keyed_alike_on_both_paths_and_its_digests_come_from_the_responses_api()
+{
+    let mock = MockUpstream::start(responses_provider()).await;
+    let mut config = config_for(&mock.url());
+    config.compaction.max_context_tokens = Some(12_000);
+    let proxy = Proxy::start(config).await;
+    // No session header, no compaction item: the conversation is known by its fingerprint.
+    let items = |rounds: usize| session_items(rounds)[1..].to_vec();
+    let codex = [("model", json!("gpt-5-codex"))];
+    let send_rounds = |rounds: usize| {
+        let request = Request::post(proxy.url("/v1/responses"))
+            .header("authorization", "Bearer sk-codex")
+            .header("content-type", "application/json")
+            .body(full(body_of(&items(rounds), &codex)))
+            .unwrap();
+        send(request)
+    };
+    // Far below the trigger: decided from the outline, not parsed.
+    let (status, small, _) = send_rounds(2).await;
+    assert_eq!(status, 200);
+    assert_eq!(small["x-foldgate-outcome"], "passthrough");
+    assert_eq!(mock.recorded()[0].body, body_of(&items(2), &codex));
+    // Over it: parsed and compacted, as the same conversation.
+    let (_, long, _) = send_rounds(40).await;
+    assert_eq!(long["x-foldgate-outcome"], "compacted");
+    assert_eq!(long["x-foldgate-session"], small["x-foldgate-session"]);
+    // Its fold is summarized in the Responses API, by the conversation's model.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let summary = loop {
+        let found = mock.recorded().into_iter().find(|r| r.headers.contains_key(SUMMARY_HEADER));
+        if let Some(call) = found {
+            break call;
+        }
+        assert!(std::time::Instant::now() < deadline, "no summarization call");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(summary.uri.path(), "/v1/responses");
+    assert_eq!(summary.headers["authorization"], "Bearer sk-codex");
+    let call: Value = serde_json::from_slice(&summary.body).unwrap();
+    assert_eq!(call["model"], "gpt-5-codex");
+    assert_eq!(call["store"], false);
+    assert_eq!(call["input"][0]["role"], "user");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (_, next, _) = send_rounds(41).await;
+    assert_eq!(next["x-foldgate-session"], small["x-foldgate-session"]);
+    let forwarded = mock.recorded().into_iter().filter(|r| !r.headers.contains_key(SUMMARY_HEADER));
+    let last = forwarded.last().unwrap();
+    check_forwarded(&body_of(&items(41), &codex), &last.body);
+    let text = String::from_utf8_lossy(&last.body);
+    assert!(text.contains("I read modules 0 to 39 and ran the parser tests."), "{text}");
+}
+
+#[tokio::test]
 async fn a_context_overflow_is_compacted_deeper_and_retried_once() {
     let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = seen.clone();
@@ -422,6 +567,118 @@ async fn a_context_overflow_is_compacted_deeper_and_retried_once() {
     assert_eq!(recorded[0].body, body, "the first try went as received");
     assert!(recorded[1].body.len() < body.len());
     check_forwarded(&body, &recorded[1].body);
+}
+
+/// A streamed request of a session below the trigger (forwarded as received).
+fn streamed_body() -> Bytes {
+    body_of(&session_items(10), &[("stream", json!(true))])
+}
+
+/// Sends `body` and checks that the upstream's first answer, an overflow inside a 200
+/// stream, was retried once, deeper compacted, and that the client got only the retry's
+/// answer.
+async fn assert_retried_once(proxy: &Proxy, mock: &MockUpstream, body: &Bytes) {
+    let sent_before = mock.recorded().len();
+    let (status, headers, answer) = send(post_responses(proxy, body.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-retried"], "1");
+    assert_eq!(headers["x-foldgate-outcome"], "compacted");
+    assert_eq!(answer, completed_stream().as_bytes(), "only the retry's stream");
+    let recorded = mock.recorded();
+    assert_eq!(recorded.len(), sent_before + 2, "one retry");
+    let (first, retry) = (&recorded[sent_before].body, &recorded[sent_before + 1].body);
+    assert_eq!(first, body, "the first try went as received");
+    assert!(retry.len() < body.len(), "{} < {}", retry.len(), body.len());
+    check_forwarded(body, retry);
+    assert_eq!(json(retry)["stream"], true);
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_for_its_context_length_is_compacted_deeper_and_retried_once() {
+    let error_event = {
+        let mut events = leading_events();
+        events.push(("error", r#"{"type":"error","sequence_number":2,"code":"context_length_exceeded","message":"Your input exceeds the context window of this model.","param":null}"#.to_owned()));
+        sse(&events)
+    };
+    for first in [overflow_stream(), error_event] {
+        let mock = MockUpstream::start(streams_first(vec![first])).await;
+        let proxy = Proxy::start(responses_config(&mock.url())).await;
+        assert_retried_once(&proxy, &mock, &streamed_body()).await;
+        let (_, _, text) = send(Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await;
+        let text = String::from_utf8(text.to_vec()).unwrap();
+        assert!(text.contains(r#"foldgate_overflow_retries_total{result="retried"} 1"#), "{text}");
+        assert!(
+            text.contains(
+                r#"foldgate_upstream_usage_tokens_total{kind="cached",model="gpt-4.1"} 40"#
+            ),
+            "usage read from the retry's stream:\n{text}"
+        );
+    }
+    // Once only: a retry that overflows too reaches the client as it is.
+    let mock = MockUpstream::start(streams_first(vec![overflow_stream(), overflow_stream()])).await;
+    let proxy = Proxy::start(responses_config(&mock.url())).await;
+    let (status, headers, answer) = send(post_responses(&proxy, streamed_body())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-retried"], "1");
+    assert_eq!(answer, overflow_stream().as_bytes());
+    assert_eq!(mock.recorded().len(), 2);
+}
+
+#[tokio::test]
+async fn streams_that_fail_otherwise_or_succeed_reach_the_client_byte_for_byte() {
+    let server_error = failed_stream(
+        "server_error",
+        "The server had an error while processing your request. Sorry about that!",
+    );
+    // Keep-alive comments around the leading events, one with CRLF line ends.
+    let under_way = sse(&[
+        ("response.output_item.added", r#"{"type":"response.output_item.added","sequence_number":2,"output_index":0,"item":{"type":"reasoning","id":"rs_9","summary":[]}}"#.to_owned()),
+        ("response.completed", format!(r#"{{"type":"response.completed","sequence_number":3,"response":{}}}"#, response_object("completed", USAGE, "null"))),
+    ]);
+    let succeeded =
+        format!(": keep-alive\n\n{}: keep-alive\r\n\r\n{under_way}", sse(&leading_events()));
+    let streams = vec![server_error.clone(), succeeded.clone(), overflow_stream()];
+    let mock = MockUpstream::start(streams_first(streams)).await;
+    let proxy = Proxy::start(responses_config(&mock.url())).await;
+    let body = streamed_body();
+    for sent in [server_error, succeeded] {
+        let sent_before = mock.recorded().len();
+        let (status, headers, answer) = send(post_responses(&proxy, body.clone())).await;
+        assert_eq!(status, 200);
+        assert_eq!(answer, sent.as_bytes(), "byte for byte");
+        assert_eq!(headers["content-type"], "text/event-stream; charset=utf-8");
+        assert_eq!(headers["x-request-id"], "req_upstream");
+        assert!(!headers.contains_key("x-foldgate-retried"));
+        assert_eq!(mock.recorded().len(), sent_before + 1, "one upstream request");
+    }
+    // The same proxy retries a stream that fails for its context length.
+    assert_retried_once(&proxy, &mock, &body).await;
+    let (_, _, text) = send(Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await;
+    let text = String::from_utf8(text.to_vec()).unwrap();
+    assert!(
+        text.contains(r#"foldgate_upstream_usage_tokens_total{kind="cached",model="gpt-4.1"} 80"#),
+        "usage read from the stream passed through and from the retry's:\n{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_on_encrypted_content_is_passed_through_not_retried() {
+    // Its message speaks of the context window, yet it is not an overflow.
+    let invalid = failed_stream(
+        "invalid_encrypted_content",
+        "The encrypted content for item rs_3 could not be verified; it was made for another context window.",
+    );
+    let streams = vec![invalid.clone(), overflow_stream()];
+    let mock = MockUpstream::start(streams_first(streams)).await;
+    let proxy = Proxy::start(responses_config(&mock.url())).await;
+    let body = streamed_body();
+    let (status, headers, answer) = send(post_responses(&proxy, body.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer, invalid.as_bytes(), "the upstream's stream, unchanged");
+    assert!(!headers.contains_key("x-foldgate-retried"));
+    assert_eq!(mock.recorded().len(), 1, "no retry");
+    // The same proxy retries a stream that fails for its context length.
+    assert_retried_once(&proxy, &mock, &body).await;
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! Body types: the boxed body every response uses, and a request body with a size limit
-//! that records how far it was read.
+//! Body types: the boxed body every response uses, a request body with a size limit that
+//! records how far it was read, and reading the first bytes of an answer to look at them
+//! before the client gets them, unchanged, in front of the rest ([`peek`], [`hold`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -243,43 +244,86 @@ pub enum ReadError {
 
 /// Reads up to `limit` bytes of `body`. Returns the whole body when it ended within the
 /// limit, else a body that replays what was read and streams the rest.
-pub async fn peek<B>(mut body: B, limit: usize) -> Result<Bytes, ProxyBody>
+pub async fn peek<B>(body: B, limit: usize) -> Result<Bytes, ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
-    let mut read = bytes::BytesMut::new();
-    loop {
-        match body.frame().await {
-            None => return Ok(read.freeze()),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => {
-                    read.extend_from_slice(&data);
-                    if read.len() > limit {
-                        return Err(prefixed(read.freeze(), body));
-                    }
-                }
-                // Trailers end the body; an error body with trailers is replayed as data.
-                Err(_) => return Ok(read.freeze()),
-            },
-            Some(Err(e)) => {
-                let err: BoxError = e.into();
-                let head = futures_util::stream::iter([Ok(Frame::data(read.freeze())), Err(err)]);
-                return Err(http_body_util::StreamBody::new(head).boxed_unsync());
-            }
-        }
+    let held = hold(body, limit, |_| false).await;
+    // Trailers end the body; an error body with trailers is replayed as data.
+    if held.ended { Ok(held.head) } else { Err(held.replay()) }
+}
+
+/// The first bytes of a body, read by [`hold`], and the rest of it.
+pub struct Held {
+    /// The bytes read, in order.
+    pub head: Bytes,
+    /// True when the body ended within them (trailers, if any, are in the rest).
+    pub ended: bool,
+    rest: ProxyBody,
+}
+
+impl Held {
+    /// The whole body again, unchanged: the bytes read, then the rest as it comes (its
+    /// trailers or its error included).
+    pub fn replay(self) -> ProxyBody {
+        prefixed(self.head, self.rest)
     }
 }
 
-fn prefixed<B>(head: Bytes, rest: B) -> ProxyBody
+/// Reads `body` frame by frame until `enough` (given every byte read so far, after each
+/// frame) says it has what it needs, more than `limit` bytes were read, or the body ends
+/// or fails. Nothing is lost: [`Held::replay`] gives the body back whole.
+pub async fn hold<B, F>(mut body: B, limit: usize, mut enough: F) -> Held
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+    F: FnMut(&[u8]) -> bool,
+{
+    let mut read = bytes::BytesMut::new();
+    let (ended, rest) = loop {
+        match body.frame().await {
+            None => break (true, full(Bytes::new())),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    read.extend_from_slice(&data);
+                    if enough(&read) || read.len() > limit {
+                        break (false, boxed(body));
+                    }
+                }
+                Err(trailers) => break (true, followed(trailers, body)),
+            },
+            Some(Err(e)) => {
+                let failed = futures_util::stream::iter([Err::<Frame<Bytes>, _>(e.into())]);
+                break (false, http_body_util::StreamBody::new(failed).boxed_unsync());
+            }
+        }
+    };
+    Held { head: read.freeze(), ended, rest }
+}
+
+/// `rest` after a frame already taken from it.
+fn followed<B>(frame: Frame<Bytes>, rest: B) -> ProxyBody
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
     use futures_util::StreamExt;
-    let head = futures_util::stream::once(async move { Ok::<_, BoxError>(Frame::data(head)) });
+    let first = futures_util::stream::once(async move { Ok::<_, BoxError>(frame) });
     let rest = http_body_util::BodyStream::new(rest.map_err(Into::into));
-    http_body_util::StreamBody::new(head.chain(rest)).boxed_unsync()
+    http_body_util::StreamBody::new(first.chain(rest)).boxed_unsync()
+}
+
+/// `head` as a data frame in front of `rest` (nothing in front when it is empty).
+fn prefixed<B>(head: Bytes, rest: B) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    if head.is_empty() {
+        return boxed(rest);
+    }
+    followed(Frame::data(head), rest)
 }
 
 #[cfg(test)]
@@ -319,5 +363,46 @@ mod tests {
         );
         let large = peek(http_body_util::StreamBody::new(chunks), 6).await.unwrap_err();
         assert_eq!(large.collect().await.unwrap().to_bytes(), "aaaabbbbccccdddd");
+    }
+
+    fn frames(items: Vec<Result<Frame<Bytes>, BoxError>>) -> ProxyBody {
+        http_body_util::StreamBody::new(futures_util::stream::iter(items)).boxed_unsync()
+    }
+
+    fn data(text: &'static str) -> Result<Frame<Bytes>, BoxError> {
+        Ok(Frame::data(Bytes::from_static(text.as_bytes())))
+    }
+
+    #[tokio::test]
+    async fn hold_stops_when_it_has_enough_and_replays_every_byte() {
+        let body = frames(vec![data("ab"), data("cd"), data("ef"), data("gh")]);
+        let held = hold(body, 100, |read| read.ends_with(b"cd")).await;
+        assert_eq!(held.head, "abcd");
+        assert!(!held.ended);
+        assert_eq!(held.replay().collect().await.unwrap().to_bytes(), "abcdefgh");
+
+        let held = hold(frames(vec![data("ab"), data("cd")]), 100, |_| false).await;
+        assert!(held.ended);
+        assert_eq!(held.replay().collect().await.unwrap().to_bytes(), "abcd");
+    }
+
+    #[tokio::test]
+    async fn hold_replays_trailers_and_errors_after_the_bytes_read() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-end", http::HeaderValue::from_static("1"));
+        let body = frames(vec![data("ab"), Ok(Frame::trailers(trailers.clone()))]);
+        let held = hold(body, 100, |_| false).await;
+        assert!(held.ended);
+        let collected = held.replay().collect().await.unwrap();
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), "ab");
+
+        let body = frames(vec![data("ab"), Err("cut".into())]);
+        let held = hold(body, 100, |_| false).await;
+        assert!(!held.ended);
+        let mut replay = held.replay();
+        let first = replay.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "ab");
+        assert!(replay.frame().await.unwrap().is_err(), "the error comes after the bytes");
     }
 }

@@ -1,8 +1,9 @@
-//! The handler of every API shape foldgate compacts (chat completions today, see
-//! [`super::dialect`]): read the body, let the conversation service decide, forward the
-//! original bytes or the compacted body, stream the answer back, tag it with
-//! `x-foldgate-*` headers. On a context-overflow error that reached no client byte yet,
-//! the service compacts deeper and the handler sends once more.
+//! The handler of every API shape foldgate compacts (chat completions, Responses,
+//! Anthropic Messages; see [`super::dialect`]): read the body, let the conversation
+//! service decide, forward the original bytes or the compacted body, stream the answer
+//! back, tag it with `x-foldgate-*` headers. On a context overflow that reached no client
+//! byte yet (an error answer, or a stream that fails before its first event of substance,
+//! see `super::overflow`), the service compacts deeper and the handler sends once more.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,18 +13,16 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::body::{BodyProgress, ProxyBody, ReadError, full, peek, read_limited};
+use super::body::{BodyProgress, ProxyBody, ReadError, full, read_limited};
 use super::conversation::{Conversations, Turn};
 use super::dialect::Dialect;
 use super::error::ProxyError;
+use super::overflow;
 use super::passthrough::{self, build_request, client_response, declared_length};
 use super::upstream::{Upstream, UpstreamBody};
 use crate::compaction::Report;
 use crate::metrics::{Metrics, Outcome};
 use crate::summarizer::llm::SUMMARY_HEADER;
-
-/// Error bodies larger than this are passed through without looking for an overflow.
-const OVERFLOW_PEEK_LIMIT: usize = 256 * 1024;
 
 /// Handles one request of `dialect`'s shape; how far its body was read goes to `progress`.
 pub async fn handle<D: Dialect>(
@@ -65,20 +64,17 @@ pub async fn handle<D: Dialect>(
         Some(turn.model()),
         turn.counted(),
     );
-    if !dialect.may_overflow(response.status()) {
-        return Ok(tag(response, &turn));
-    }
-
-    // An error answer: no byte has reached the client yet, so a context overflow can be
-    // retried once with a deeper compaction.
-    let (head, body) = response.into_parts();
-    let error_body = match peek(body, OVERFLOW_PEEK_LIMIT).await {
-        Ok(bytes) => bytes,
-        Err(replay) => return Ok(tag(Response::from_parts(head, replay), &turn)),
+    // No byte has reached the client yet: an overflow can be retried once, deeper
+    // compacted; the client then gets only the retry's answer.
+    let first = overflow::read(dialect, response).await;
+    let retry = match &first.error {
+        Some(error) => turn.retry_after(error).await,
+        None => None,
     };
-    let Some(retry) = turn.retry_after(&error_body).await else {
-        return Ok(tag(Response::from_parts(head, full(error_body)), &turn));
+    let Some(retry) = retry else {
+        return Ok(tag(first.response, &turn));
     };
+    drop(first);
     let response = send(dialect, upstream, metrics, retry.started, &parts, retry.body).await?;
     let response = client_response(response);
     Ok(tag(dialect.tap_turn_usage(response, metrics, Some(turn.model()), turn.counted()), &turn))

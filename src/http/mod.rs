@@ -11,10 +11,12 @@ mod headers;
 pub mod inspect;
 pub mod layers;
 mod linger;
+mod overflow;
 mod passthrough;
 mod routes;
 pub mod server;
 pub mod session_key;
+pub mod sse;
 pub mod upstream;
 pub mod usage_tap;
 

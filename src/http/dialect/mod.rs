@@ -1,8 +1,9 @@
 //! API shapes at the edge of the conversation service. A [`Dialect`] knows one shape's
 //! bodies and errors: it reads a body into the engine's neutral request, renders the body
-//! to forward, estimates tokens for the quick decision, recognises an overflow error and
-//! reads usage. Everything else (sessions, summarizers, the retry) is shared, in
-//! [`super::conversation`]; a new API shape is a new file here.
+//! to forward, estimates tokens for the quick decision, recognises an overflow error (in
+//! an error answer, or in the first events of a stream) and reads usage. Everything else
+//! (sessions, summarizers, the retry) is shared, in [`super::conversation`]; a new API
+//! shape is a new file here.
 //!
 //! Dialects are used through generics, never `dyn`: the quick path of a request far below
 //! the trigger stays as cheap as a direct call.
@@ -18,6 +19,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::body::ProxyBody;
 use super::conversation::Counted;
+use super::sse::Event;
 use crate::compaction::engine::Bound;
 use crate::compaction::tokens::REPLY_PRIMING;
 use crate::compaction::tokens::count::IMAGE_UNKNOWN;
@@ -42,6 +44,18 @@ pub fn byte_bound(body: &[u8], image: &[u8], tools: Option<&[u8]>, messages: usi
     let tools = tools.map_or(0, <[u8]>::len);
     let upper = body.len() + tools + images * IMAGE_UNKNOWN + REPLY_PRIMING;
     Bound { upper, estimate: body.len() / 4, messages }
+}
+
+/// What an event at the start of a 200 event stream tells about the answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// Nothing yet (the Responses API's `response.created`, `response.in_progress`).
+    Leading,
+    /// The answer failed with this error (JSON), an overflow if
+    /// [`Dialect::is_overflow`] says so.
+    Failed(Vec<u8>),
+    /// Anything else: the answer is under way.
+    Other,
 }
 
 /// One API shape, as the conversation service and the handler need it.
@@ -117,6 +131,21 @@ pub trait Dialect: Send + Sync + 'static {
     /// True for the error bodies this shape's providers give when a prompt is longer
     /// than the window.
     fn is_overflow(&self, error_body: &[u8]) -> bool;
+
+    /// True when this shape's providers may report an overflow inside a 200 event stream
+    /// instead of with an error status (the Responses API's `response.failed`): the
+    /// leading events of such a stream are then held until one tells
+    /// ([`Dialect::stream_event`]).
+    fn overflows_in_stream(&self) -> bool {
+        false
+    }
+
+    /// What a whole event of a 200 event stream tells, for a shape that
+    /// [overflows in streams](Dialect::overflows_in_stream).
+    fn stream_event(&self, event: &Event<'_>) -> StreamEvent {
+        let _ = event;
+        StreamEvent::Other
+    }
 
     /// The context window an overflow error states, when it does.
     fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
