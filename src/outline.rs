@@ -126,6 +126,38 @@ impl<'a> Outline<'a> {
     }
 }
 
+/// The elements of a JSON array (its raw text), one at a time, found by the scan without
+/// reading further than asked: an element is `None` (and the last) where the scan meets
+/// anything it does not expect.
+pub fn array_elements(raw: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
+    let mut scan = Scanner { body: raw, pos: 0, mentions: (0, 0) };
+    let mut state = scan.expect(b'[').map(|()| false);
+    std::iter::from_fn(move || {
+        // `Some(false)`: before the first element; `Some(true)`: after one; `None`: done.
+        let after_one = state?;
+        if scan.peek() == Some(b']') && !after_one {
+            state = None;
+            return None;
+        }
+        let element = (|| {
+            scan.whitespace();
+            let start = scan.pos;
+            scan.value()?;
+            let end = scan.pos;
+            match scan.next_byte()? {
+                b',' => state = Some(true),
+                b']' => state = None,
+                _ => return None,
+            }
+            Some(&raw[start..end])
+        })();
+        if element.is_none() {
+            state = None;
+        }
+        Some(element)
+    })
+}
+
 struct Scanner<'a> {
     body: &'a [u8],
     pos: usize,
@@ -342,6 +374,28 @@ fn role_of(raw: &[u8]) -> Option<Role> {
 mod tests {
     use super::*;
     use crate::model::ChatRequest;
+
+    #[test]
+    fn array_elements_are_read_one_at_a_time() {
+        let all = |raw: &str| -> Vec<Option<String>> {
+            array_elements(raw.as_bytes())
+                .map(|e| e.map(|e| String::from_utf8(e.to_vec()).unwrap()))
+                .collect()
+        };
+        let some = |v: &[&str]| v.iter().map(|e| Some((*e).to_owned())).collect::<Vec<_>>();
+        assert_eq!(all("[]"), some(&[]));
+        assert_eq!(all(" [ ] "), some(&[]));
+        assert_eq!(
+            all(r#"[{"a":"x]"} , "s\"]" ,[1,[2]],3, null]"#),
+            some(&[r#"{"a":"x]"}"#, r#""s\"]""#, "[1,[2]]", "3", "null"])
+        );
+        assert_eq!(all("[1,]"), vec![Some("1".to_owned()), None]);
+        assert_eq!(all("[1 2]"), vec![None]);
+        assert_eq!(all("{}"), Vec::<Option<String>>::new());
+        // Only what is asked for is read: a broken tail is not seen.
+        let first = array_elements(br#"[{"role":"user"}, {"#).next();
+        assert_eq!(first, Some(Some(&br#"{"role":"user"}"#[..])));
+    }
 
     #[test]
     fn finds_what_the_parser_finds() {

@@ -151,13 +151,12 @@ pub fn fingerprint_messages(
     if input.starts_with('"') {
         return Some((system, Some(text(text_input_message(input)?)?)));
     }
-    let items: Vec<&RawValue> = serde_json::from_str(input).ok()?;
     let mut user = None;
-    for raw in items {
+    for raw in crate::outline::array_elements(input.as_bytes()) {
         if system.is_some() && user.is_some() {
             break;
         }
-        let item: Value = serde_json::from_str(raw.get()).ok()?;
+        let item: Value = serde_json::from_slice(raw?).ok()?;
         match kind(&item)? {
             Kind::Message(role) => {
                 let first = match role {
