@@ -66,7 +66,7 @@ pub async fn handle<D: Dialect>(
     );
     // No byte has reached the client yet: an overflow can be retried once, deeper
     // compacted; the client then gets only the retry's answer.
-    let first = overflow::read(dialect, response).await;
+    let first = overflow::read(dialect, response, turn.retryable()).await;
     let retry = match &first.error {
         Some(error) => turn.retry_after(error).await,
         None => None,

@@ -271,6 +271,13 @@ impl<D: Dialect> Turn<'_, D> {
         self.retried
     }
 
+    /// False when an overflow could not be retried: the request relies on conversation
+    /// state the provider keeps, or is already the retry.
+    pub fn retryable(&self) -> bool {
+        let server_state = self.parsed.as_ref().is_some_and(|(_, o)| self.dialect.server_state(o));
+        !server_state && !self.retried
+    }
+
     /// After an error answer with `error_body`: when it is a context overflow, learns the
     /// window it states and compacts deeper, forced. `None` when the answer stands (not
     /// an overflow, or nothing more to take out).

@@ -34,13 +34,16 @@ pub struct Read {
 }
 
 /// Reads `response` (the first answer to a request of `dialect`'s shape) as far as it
-/// tells whether it may report an overflow.
-pub async fn read<D: Dialect>(dialect: &D, response: Response<ProxyBody>) -> Read {
+/// tells whether it may report an overflow. A stream is held only when the request
+/// could be retried (`retryable`): an error body is read either way, as the window it
+/// states is learned even when the request cannot be sent again.
+pub async fn read<D: Dialect>(dialect: &D, response: Response<ProxyBody>, retryable: bool) -> Read {
     let status = response.status();
     if dialect.may_overflow(status) {
         return error_body(response).await;
     }
-    if status == StatusCode::OK && dialect.overflows_in_stream() && is_events(response.headers()) {
+    let stream = status == StatusCode::OK && dialect.overflows_in_stream();
+    if retryable && stream && is_events(response.headers()) {
         return leading_events(dialect, response).await;
     }
     Read { response, error: None }
@@ -122,7 +125,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_stream_reports_its_error_and_is_kept_whole() {
         let chunks = [CREATED, &IN_PROGRESS[..20], &IN_PROGRESS[20..], FAILED];
-        let read = read(&Responses, stream(&chunks)).await;
+        let read = read(&Responses, stream(&chunks), true).await;
         let error = read.error.clone().unwrap();
         assert!(Responses.is_overflow(&error), "{}", String::from_utf8_lossy(&error));
         assert_eq!(bytes_of(read).await, chunks.concat());
@@ -131,11 +134,14 @@ mod tests {
     #[tokio::test]
     async fn a_stream_under_way_reports_nothing_and_passes_unchanged() {
         let chunks = [CREATED, IN_PROGRESS, DELTA, FAILED];
-        let read = read(&Responses, stream(&chunks)).await;
+        let read = read(&Responses, stream(&chunks), true).await;
         assert_eq!(read.error, None);
         assert_eq!(bytes_of(read).await, chunks.concat());
         // Other dialects never hold a stream.
-        let read = super::read(&ChatCompletions, stream(&[CREATED, FAILED])).await;
+        let read = super::read(&ChatCompletions, stream(&[CREATED, FAILED]), true).await;
+        assert_eq!(read.error, None);
+        // Nor is the stream of a request that cannot be retried.
+        let read = super::read(&Responses, stream(&[CREATED, FAILED]), false).await;
         assert_eq!(read.error, None);
     }
 
@@ -143,7 +149,7 @@ mod tests {
     async fn leading_events_are_held_only_up_to_the_limit() {
         let padding = format!(": {}\n\n", "x".repeat(OVERFLOW_PEEK_LIMIT));
         let chunks = [CREATED, padding.as_str(), FAILED];
-        let read = read(&Responses, stream(&chunks)).await;
+        let read = read(&Responses, stream(&chunks), true).await;
         assert_eq!(read.error, None, "the failure came after the limit");
         assert_eq!(bytes_of(read).await, chunks.concat());
     }
