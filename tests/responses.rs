@@ -539,6 +539,27 @@ async fn a_codex_session_is_keyed_alike_on_both_paths_and_its_digests_come_from_
 }
 
 #[tokio::test]
+async fn codex_sessions_that_start_alike_are_told_apart_by_their_prompt_cache_key() {
+    let mock = MockUpstream::start(responses_provider()).await;
+    let proxy = Proxy::start(responses_config(&mock.url())).await;
+    let session_of = |rounds: usize, cache_key: &'static str| {
+        let extra = [("model", json!("gpt-5-codex")), ("prompt_cache_key", json!(cache_key))];
+        let request = Request::post(proxy.url("/v1/responses"))
+            .header("authorization", "Bearer sk-codex")
+            .header("content-type", "application/json")
+            .body(full(body_of(&session_items(rounds)[1..], &extra)))
+            .unwrap();
+        async move { send(request).await.1["x-foldgate-session"].clone() }
+    };
+    // Below the trigger (outline) and above it (parsed): one key per conversation.
+    let a = session_of(2, "conv-a").await;
+    assert_eq!(a, session_of(40, "conv-a").await);
+    let b = session_of(2, "conv-b").await;
+    assert_ne!(a, b, "same instructions and first message, another conversation");
+    assert_eq!(b, session_of(40, "conv-b").await);
+}
+
+#[tokio::test]
 async fn a_context_overflow_is_compacted_deeper_and_retried_once() {
     let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = seen.clone();

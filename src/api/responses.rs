@@ -52,6 +52,10 @@ struct Top<'a> {
     previous_response_id: Option<&'a RawValue>,
     #[serde(borrow)]
     conversation: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_cache_key: Option<&'a RawValue>,
+    #[serde(borrow)]
+    metadata: Option<&'a RawValue>,
 }
 
 /// The body as a neutral request and the origins of its messages; `None` when it is not
@@ -94,6 +98,12 @@ pub fn parse(body: &[u8]) -> Option<(ChatRequest, Origins)> {
     }
     if let Some(tools) = top.tools.and_then(neutral_tools) {
         fields.push(("tools".to_owned(), tools));
+    }
+    // What names the conversation beside its first messages (the session key's scope).
+    for (name, value) in [("prompt_cache_key", top.prompt_cache_key), ("metadata", top.metadata)] {
+        if let Some(value) = value {
+            fields.push((name.to_owned(), raw(value)));
+        }
     }
     let messages = origins.messages.iter().map(|o| o.message.clone()).collect();
     let request = ChatRequest::from_raw_fields(fields, messages).ok()?;

@@ -3,8 +3,10 @@
 //! Tenant = a hash of the request's credential (`Authorization`, `api-key`,
 //! `x-api-key`), so one tenant can never reach another's state. Within a tenant the
 //! configured header (default `x-session-id`) names the conversation; without it a
-//! fingerprint of (model, first system message, first user message) does. Only hashes
-//! leave this module: raw session ids and credentials are never stored or shown.
+//! fingerprint of (model, first system message, first user message) does, split by the
+//! client's own name for the conversation when the body gives one (its scope: see
+//! [`scope_of`]). Only hashes leave this module: raw session ids and credentials are
+//! never stored or shown.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
@@ -40,6 +42,49 @@ pub fn tenant(headers: &HeaderMap) -> Option<String> {
     Some(hex(&hash.finalize()[..16]))
 }
 
+/// What names a conversation that no session header names: the model, the JSON text of
+/// its first system and first user messages (neutral form), and its scope.
+pub struct Fingerprint<'a> {
+    /// The request's `model`.
+    pub model: String,
+    /// The first system (or developer) message.
+    pub system: Option<&'a [u8]>,
+    /// The first user message.
+    pub user: Option<&'a [u8]>,
+    /// The client's own name for the conversation, if the body gives one.
+    pub scope: Option<String>,
+}
+
+/// [`Fingerprint`] with owned parts, as a dialect finds them without parsing a body.
+pub struct FingerprintParts {
+    /// The request's `model`.
+    pub model: String,
+    /// The first system (or developer) message, as neutral JSON text.
+    pub system: Option<String>,
+    /// The first user message, as neutral JSON text.
+    pub user: Option<String>,
+    /// See [`scope_of`].
+    pub scope: Option<String>,
+}
+
+/// The client's own name for the conversation, from the body's top-level fields (`field`
+/// gives one's raw JSON): `prompt_cache_key` (OpenAI's; Codex sets it to its conversation
+/// id), else `metadata.user_id` (Anthropic's; Claude Code puts its session id in it).
+/// It splits conversations whose first messages are alike (two agent sessions in one
+/// repository start with the same instructions); it never joins two.
+pub fn scope_of<'a>(field: impl Fn(&str) -> Option<&'a [u8]>) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        user_id: Option<String>,
+    }
+    let string = |raw: &[u8]| serde_json::from_slice::<String>(raw).ok();
+    if let Some(key) = field("prompt_cache_key").and_then(string).filter(|k| !k.is_empty()) {
+        return Some(key);
+    }
+    let metadata = serde_json::from_slice::<Metadata>(field("metadata")?).ok()?;
+    metadata.user_id.filter(|id| !id.is_empty())
+}
+
 /// The session key of `request`: tenant-scoped, from `session_header` or a fingerprint.
 pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequest) -> SessionKey {
     key(headers, session_header, || {
@@ -50,7 +95,12 @@ pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequ
                 .find(|m| m.role() == role || (role == Role::System && m.role() == Role::Developer))
                 .map(|m| m.raw().as_bytes())
         };
-        (request.model().unwrap_or_default(), first(Role::System), first(Role::User))
+        Fingerprint {
+            model: request.model().unwrap_or_default(),
+            system: first(Role::System),
+            user: first(Role::User),
+            scope: scope_of(|k| request.field(k).map(str::as_bytes)),
+        }
     })
 }
 
@@ -60,27 +110,33 @@ pub fn session_key_of_outline(
     session_header: &str,
     outline: &Outline<'_>,
 ) -> SessionKey {
-    key(headers, session_header, || {
-        let model = outline.model().unwrap_or_default();
-        (model, outline.first_with_role(Role::System), outline.first_with_role(Role::User))
+    key(headers, session_header, || Fingerprint {
+        model: outline.model().unwrap_or_default(),
+        system: outline.first_with_role(Role::System),
+        user: outline.first_with_role(Role::User),
+        scope: scope_of(|k| outline.field(k)),
     })
 }
 
 /// [`session_key`] of a request whose fingerprint parts a dialect finds without parsing
-/// the body (the model, and the neutral JSON text of the first system and first user
-/// messages: the same key as the parsed request's), found by `parts` only when there is
+/// the body (the same key as the parsed request's), found by `parts` only when there is
 /// no session header; `None` when they are needed and `parts` cannot find them.
 pub fn session_key_with(
     headers: &HeaderMap,
     session_header: &str,
-    parts: impl FnOnce() -> Option<(String, Option<String>, Option<String>)>,
+    parts: impl FnOnce() -> Option<FingerprintParts>,
 ) -> Option<SessionKey> {
     if session_id(headers, session_header).is_some() {
-        return Some(key(headers, session_header, || (String::new(), None, None)));
+        let unused = || Fingerprint { model: String::new(), system: None, user: None, scope: None };
+        return Some(key(headers, session_header, unused));
     }
-    let (model, system, user) = parts()?;
-    let (system, user) = (system.as_deref().map(str::as_bytes), user.as_deref().map(str::as_bytes));
-    Some(key(headers, session_header, || (model, system, user)))
+    let parts = parts()?;
+    Some(key(headers, session_header, || Fingerprint {
+        model: parts.model,
+        system: parts.system.as_deref().map(str::as_bytes),
+        user: parts.user.as_deref().map(str::as_bytes),
+        scope: parts.scope,
+    }))
 }
 
 /// The session header's value, when the request names its conversation.
@@ -93,7 +149,7 @@ fn session_id<'h>(headers: &'h HeaderMap, session_header: &str) -> Option<&'h He
 fn key<'a>(
     headers: &HeaderMap,
     session_header: &str,
-    fingerprint: impl FnOnce() -> (String, Option<&'a [u8]>, Option<&'a [u8]>),
+    fingerprint: impl FnOnce() -> Fingerprint<'a>,
 ) -> SessionKey {
     let mut hash = Sha256::new();
     hash.update(b"foldgate/session/v2\0");
@@ -116,7 +172,7 @@ fn key<'a>(
             // keeps up with memory, and only its digest goes through SHA-256 with the
             // credential. A collision could only join two conversations of one tenant,
             // and a fold block is reused only where its messages match exactly.
-            let (model, system, user) = fingerprint();
+            let Fingerprint { model, system, user, scope } = fingerprint();
             let mut content = Xxh3::new();
             content.update(model.as_bytes());
             for first in [system, user] {
@@ -125,6 +181,12 @@ fn key<'a>(
                 if let Some(raw) = first {
                     content.update(raw);
                 }
+            }
+            // Only when there is one, so that the keys of other requests stay as they were.
+            if let Some(scope) = scope {
+                content.update(b"\0scope\0");
+                content.update(&(scope.len() as u64).to_le_bytes());
+                content.update(scope.as_bytes());
             }
             hash.update(b"fingerprint\0");
             hash.update(content.digest128().to_le_bytes());
@@ -232,11 +294,48 @@ mod tests {
     }
 
     #[test]
+    fn a_scope_splits_conversations_that_start_alike_and_never_joins_two() {
+        let h = headers(&[("authorization", "Bearer sk-a")]);
+        let scoped = |fields: serde_json::Value| {
+            let mut body = serde_json::json!({"model": "gpt-4o", "messages": [
+                {"role": "system", "content": "be brief"}, {"role": "user", "content": "task"}]});
+            for (k, v) in fields.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            session_key(
+                &h,
+                "x-session-id",
+                &ChatRequest::parse(body.to_string().as_bytes()).unwrap(),
+            )
+        };
+        let none = scoped(serde_json::json!({}));
+        let a = scoped(serde_json::json!({"prompt_cache_key": "conv-a"}));
+        let b = scoped(serde_json::json!({"prompt_cache_key": "conv-b"}));
+        let claude = scoped(serde_json::json!({"metadata": {"user_id": "user_1_session_a"}}));
+        assert_eq!(a, scoped(serde_json::json!({"prompt_cache_key": "conv-a"})));
+        for (x, y) in [(&none, &a), (&a, &b), (&none, &claude), (&a, &claude)] {
+            assert_ne!(x, y);
+        }
+        // No scope, or an empty one, keys the conversation as before.
+        assert_eq!(none, session_key(&h, "x-session-id", &request("task")));
+        assert_eq!(none, scoped(serde_json::json!({"prompt_cache_key": ""})));
+        assert_eq!(none, scoped(serde_json::json!({"metadata": {"other": "x"}})));
+        // The first messages still count: one scope, two starts, two conversations.
+        let other = ChatRequest::parse(
+            br#"{"model":"gpt-4o","prompt_cache_key":"conv-a","messages":[{"role":"user","content":"other"}]}"#,
+        )
+        .unwrap();
+        assert_ne!(a, session_key(&h, "x-session-id", &other));
+    }
+
+    #[test]
     fn the_outline_gives_the_key_the_parsed_request_gives() {
         let bodies = [
             r#"{"model":"gpt-4o","messages":[{"role":"developer","content":"d"},{"role":"assistant","content":"a"},{"role":"user","content":[{"type":"text","text":"t"}]}]}"#,
             r#"{ "messages" : [ {"content":"no role"}, { "role" : "user" , "content" : "u" } ] }"#,
             r#"{"model":"m","messages":[]}"#,
+            r#"{"model":"m","prompt_cache_key":"conv-1","messages":[{"role":"user","content":"u"}]}"#,
+            r#"{"model":"m","metadata":{"user_id":"user_x_session_1"},"messages":[]}"#,
         ];
         for body in bodies {
             let parsed = ChatRequest::parse(body.as_bytes()).unwrap();

@@ -28,7 +28,7 @@ use crate::compaction::{Engine, Options, Report, TokenRatio};
 use crate::compactor::Rewritten;
 use crate::http::body::ProxyBody;
 use crate::http::conversation::Counted;
-use crate::http::session_key::session_key_with;
+use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
 use crate::http::usage_tap::{OnUsage, tapped_with};
 use crate::metrics::{Metrics, Route};
 use crate::model::{ChatRequest, Role};
@@ -106,7 +106,9 @@ impl Dialect for Messages {
                 .iter()
                 .filter(|m| m.role == Some(Role::User))
                 .find_map(|m| api::messages::neutral_first_user(&text(scan.raw(m))?));
-            Some((scan.model().unwrap_or_default(), system, user))
+            let model = scan.model().unwrap_or_default();
+            let scope = scope_of(|k| scan.field(k));
+            Some(FingerprintParts { model, system, user, scope })
         })
     }
 
@@ -191,6 +193,30 @@ impl Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outline_s_session_key_is_the_parsed_request_s() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-api-key", "sk-ant-a".parse().unwrap());
+        let bodies = [
+            r#"{"model":"claude-sonnet-4-5","system":"Be careful.","messages":[{"role":"user","content":"Fix it."}]}"#,
+            r#"{"model":"claude-sonnet-4-5","system":"Be careful.","metadata":{"user_id":"user_1_account_2_session_3"},"messages":[{"role":"user","content":"Fix it."}]}"#,
+            r#"{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be careful."}],"messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>x</system-reminder>"},{"type":"text","text":"Fix it."}]}]}"#,
+            r#"{"model":"m","metadata":{"user_id":null},"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]},{"role":"assistant","content":"a"},{"role":"user","content":"u"}]}"#,
+        ];
+        let mut keys = Vec::new();
+        for body in bodies {
+            let outline = Messages::default().outline(body.as_bytes()).unwrap();
+            let (request, _) = Messages::default().parse(body.as_bytes()).unwrap();
+            let parsed = Messages::default().session_key(&headers, "x-session-id", &request);
+            let outlined =
+                Messages::default().outline_session_key(&headers, "x-session-id", &outline);
+            assert_eq!(outlined, Some(parsed.clone()), "{body}");
+            keys.push(parsed);
+        }
+        // Claude Code's session in `metadata.user_id` splits sessions that start alike.
+        assert_ne!(keys[0], keys[1]);
+    }
 
     #[test]
     fn recognises_anthropic_overflow_errors() {

@@ -34,7 +34,7 @@ use super::{Dialect, StreamEvent, byte_bound};
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
 use crate::compactor::Rewritten;
-use crate::http::session_key::session_key_with;
+use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
 use crate::http::sse::Event;
 use crate::metrics::Route;
 use crate::model::ChatRequest;
@@ -106,7 +106,9 @@ impl Dialect for Responses {
             };
             let input = std::str::from_utf8(fields.field("input")?).ok()?;
             let (system, user) = api::responses::fingerprint_messages(instructions, input)?;
-            Some((fields.model().unwrap_or_default(), system, user))
+            let model = fields.model().unwrap_or_default();
+            let scope = scope_of(|k| fields.field(k));
+            Some(FingerprintParts { model, system, user, scope })
         })
     }
 
@@ -258,6 +260,8 @@ mod tests {
             json!({"model": "gpt-4.1", "input": [developer, reasoning, user, call, output]}),
             json!({"model": "gpt-4.1", "instructions": "Codex.", "input": [reasoning, user, developer, call, output]}),
             json!({"input": [call, output, user], "max_output_tokens": 300}),
+            json!({"model": "gpt-5-codex", "instructions": "Codex.", "input": [user],
+                "prompt_cache_key": "019a9544-7ab1-73c1-837e-1fa681f4462b"}),
         ]
     }
 
