@@ -125,6 +125,8 @@ impl TokenRatio {
     pub const MIN_TOKENS: usize = 1_000;
     /// Weight of a new sample in the average.
     const WEIGHT: f64 = 0.3;
+    /// Samples after which a sample that agrees with the average need not be stored.
+    const SETTLED_SAMPLES: u32 = 3;
 
     /// The first sample of a prompt the engine counted as `counted` tokens and the
     /// provider as `reported`; `None` when it is no sample (see [`Self::MIN_TOKENS`]).
@@ -138,6 +140,15 @@ impl TokenRatio {
         self.value += Self::WEIGHT * (sample - self.value);
         self.samples = self.samples.saturating_add(1);
         true
+    }
+
+    /// True when a sample would leave the average as good as it is: it has a few
+    /// samples, and this one is within 1% of it (storing it would move the average by
+    /// less than a third of that).
+    pub fn settled_by(&self, counted: usize, reported: u64) -> bool {
+        Self::sample(counted, reported).is_none_or(|sample| {
+            self.samples >= Self::SETTLED_SAMPLES && (sample / self.value - 1.0).abs() < 0.01
+        })
     }
 
     /// [`Self::observe`] on an optional ratio, starting it with its first sample.
@@ -191,6 +202,13 @@ mod tests {
         let r = ratio.unwrap();
         assert!((r.value - (1.2 + 0.3 * 1.0)).abs() < 1e-9, "{r:?}");
         assert_eq!(r.samples, 2);
+        // A sample that agrees with a settled average is not worth storing.
+        let young = TokenRatio { value: 1.2, samples: 2 };
+        assert!(!young.settled_by(10_000, 12_050));
+        let settled = TokenRatio { value: 1.2, samples: 3 };
+        assert!(settled.settled_by(10_000, 12_050));
+        assert!(!settled.settled_by(10_000, 12_500));
+        assert!(settled.settled_by(10, 99), "no sample at all");
         // Outliers are bounded.
         assert_eq!(TokenRatio::first(1_000, 1_000_000).unwrap().value, 4.0);
     }

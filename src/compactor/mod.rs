@@ -84,6 +84,9 @@ pub struct Decision {
     /// The original message ranges `[start, end)` of the fold blocks this request made
     /// (for the session inspector).
     pub new_blocks: Vec<(usize, usize)>,
+    /// The conversation's own token ratio as stored when the request was decided (see
+    /// [`SessionState::token_ratio`]); `None` without one, or without a session load.
+    pub token_ratio: Option<TokenRatio>,
     /// A fold was needed while a background fold of the conversation ran.
     blocked: bool,
 }
@@ -455,6 +458,7 @@ impl Inner {
             state.token_cache = counts.take(key);
         }
         let before = fingerprint(&state);
+        let token_ratio = state.token_ratio;
         let leased = self.leased(summarizer, key);
         let leased_summarizer: &dyn Summarizer = leased.as_ref().map_or(summarizer, |l| l);
         let gate = Gate::new(leased_summarizer, busy, Some(deadline));
@@ -504,6 +508,7 @@ impl Inner {
             error: None,
             fold_wait,
             new_blocks,
+            token_ratio,
             blocked,
         }
     }
@@ -592,6 +597,7 @@ impl Decision {
             error: None,
             fold_wait: Duration::ZERO,
             new_blocks: Vec::new(),
+            token_ratio: None,
             blocked: false,
         }
     }
@@ -607,6 +613,7 @@ impl Decision {
             error: None,
             fold_wait: Duration::ZERO,
             new_blocks: Vec::new(),
+            token_ratio: None,
             blocked: false,
         }
     }
@@ -622,6 +629,7 @@ impl Decision {
             error: Some(error),
             fold_wait: Duration::ZERO,
             new_blocks: Vec::new(),
+            token_ratio: None,
             blocked: false,
         }
     }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName};
 
 use super::dialect::Dialect;
-use crate::compaction::{Options, Tier};
+use crate::compaction::{Options, Tier, TokenRatio};
 use crate::compactor::{ChatOutcome, Compactor, Decision, windows};
 use crate::metrics::{self, Metrics, OverflowRetry, WindowEvent, model_label};
 use crate::model::ChatRequest;
@@ -80,13 +80,19 @@ pub struct Counted {
     pub tokens: usize,
     key: SessionKey,
     compactor: Compactor,
+    /// The conversation's ratio as loaded for the request.
+    known: Option<TokenRatio>,
 }
 
 impl Counted {
     /// Records in the conversation's state that the provider counted `reported` prompt
     /// tokens (see [`Compactor::calibrate`]), in a task of its own: the store may be
-    /// remote, and this runs as the answer's body ends.
+    /// remote, and this runs as the answer's body ends. A sample that agrees with the
+    /// ratio the request was planned with is not worth a store round trip.
     pub fn calibrate_session(self, reported: u64) {
+        if self.known.is_some_and(|known| known.settled_by(self.tokens, reported)) {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         runtime.spawn(async move {
             self.compactor.calibrate(&self.key, self.tokens, reported).await;
@@ -257,6 +263,7 @@ impl<D: Dialect> Turn<'_, D> {
             tokens,
             key: self.key.clone(),
             compactor: self.conversations.compactor.clone(),
+            known: self.decision.token_ratio,
         })
     }
 
