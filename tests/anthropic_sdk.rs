@@ -374,13 +374,8 @@ async fn anthropic_writes_the_digests_of_anthropic_conversations() {
     config.compaction.max_context_tokens = Some(12_000);
     let proxy = Proxy::start(config).await;
     let request = |body: Vec<u8>| {
-        http::Request::post(proxy.url("/v1/messages"))
-            .header("x-api-key", "sk-ant-d")
-            .header("x-session-id", "digests")
-            .header("anthropic-version", "2023-06-01")
-            .header("anthropic-beta", "context-management-2025-06-27")
-            .body(full(body))
-            .unwrap()
+        let post = messages_post(&proxy, "sk-ant-d", "digests");
+        post.header("anthropic-beta", "context-management-2025-06-27").body(full(body)).unwrap()
     };
     let (status, headers, _) = send(request(serde_json::to_vec(&params(40)).unwrap())).await;
     assert_eq!(status, 200);
@@ -420,15 +415,19 @@ fn forwarded(mock: &MockUpstream) -> Vec<Recorded> {
     recorded.filter(|r| !r.headers.contains_key("x-foldgate-summary")).collect()
 }
 
-/// A POST to `/v1/messages` with an Anthropic key.
-fn messages_request(proxy: &Proxy, body: Vec<u8>) -> http::Request<TestBody> {
+/// A POST to `/v1/messages` with the Anthropic key `key`, in conversation `session`
+/// (more headers may be added before its body).
+fn messages_post(proxy: &Proxy, key: &str, session: &str) -> http::request::Builder {
     http::Request::post(proxy.url("/v1/messages"))
-        .header("x-api-key", "sk-ant-c")
-        .header("x-session-id", "calibrated")
+        .header("x-api-key", key)
+        .header("x-session-id", session)
         .header("anthropic-version", "2023-06-01")
         .header("content-type", "application/json")
-        .body(full(body))
-        .unwrap()
+}
+
+/// A POST to `/v1/messages` of `body`, in one conversation.
+fn messages_request(proxy: &Proxy, body: Vec<u8>) -> http::Request<TestBody> {
+    messages_post(proxy, "sk-ant-c", "calibrated").body(full(body)).unwrap()
 }
 
 #[tokio::test]
@@ -500,13 +499,7 @@ fn calibration_config(anthropic: &MockUpstream) -> foldgate::config::Config {
 /// Sends `body` as conversation `session` and returns the answer's outcome header, once
 /// the usage of the answer was recorded (when its body ends, in a task of its own).
 async fn outcome_in(proxy: &Proxy, session: &str, body: &[u8]) -> String {
-    let request = http::Request::post(proxy.url("/v1/messages"))
-        .header("x-api-key", "sk-ant-c")
-        .header("x-session-id", session)
-        .header("anthropic-version", "2023-06-01")
-        .header("content-type", "application/json")
-        .body(full(body.to_vec()))
-        .unwrap();
+    let request = messages_post(proxy, "sk-ant-c", session).body(full(body.to_vec())).unwrap();
     let (status, headers, _) = send(request).await;
     assert_eq!(status, 200);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
