@@ -527,7 +527,7 @@ fn family_line(s: &ReplayStats, price: f64) -> String {
     )
 }
 
-/// The per-family table: [`family_line`] under a header, then the total.
+/// The per-family table: one line per family under a header, then the total.
 pub fn family_table(all: &[ReplayStats], total: &ReplayStats, price: f64) -> String {
     let mut out = format!(
         "{:<16} {:>5} {:>6} {:>6} {:>8} {:>8} {:>7}  {:<30} {:>8} {:>8} {:>7} {:>8} {:>6} {:>5}\n",

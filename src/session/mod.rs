@@ -138,7 +138,7 @@ pub trait SessionStore<S>: Send + Sync {
         0
     }
 
-    /// Adds what one request did to the inspection record of `key` (see [`record`](self::record)).
+    /// Adds what one request did to the inspection record of `key` (see [`self::record`]).
     /// Best effort and never waits: a store that writes elsewhere does it in the
     /// background, and a failure loses one entry, never a request. The default keeps
     /// nothing.
