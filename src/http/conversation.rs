@@ -158,7 +158,7 @@ impl Conversations {
                     // The provider holds the conversation: nothing here to compact.
                     Decision::passthrough()
                 } else {
-                    let api = dialect.summary_api();
+                    let api = dialect.summary_api(headers);
                     let summarizer = self.timed_summarizer(headers, &request, api, metrics);
                     self.decide(&key, &request, summarizer, &options).await
                 };
@@ -204,21 +204,23 @@ impl Conversations {
     }
 
     /// The summarizer for `request` (of a conversation whose model summarizer speaks
-    /// `api`), its calls timed and its failures counted.
+    /// `api` with the client's credential, or that must not use it: `None`), its calls
+    /// timed and its failures counted.
     fn timed_summarizer(
         &self,
         headers: &HeaderMap,
         request: &ChatRequest,
-        api: SummaryApi,
+        api: Option<SummaryApi>,
         metrics: &Arc<Metrics>,
     ) -> Arc<dyn Summarizer> {
         let inner: Box<dyn Summarizer> = match &self.summarizers {
-            Summarizers::Extractive => Box::new(ExtractiveSummarizer),
-            Summarizers::Llm(llm) => {
+            Summarizers::Llm(llm) if api.is_some() || llm.has_own_key() => {
                 let credential = Credential::from_headers(headers);
                 let model = request.model().unwrap_or_default();
+                let api = api.unwrap_or(SummaryApi::ChatCompletions);
                 Box::new(llm.bind_to(credential, &model, api, headers))
             }
+            Summarizers::Llm(_) | Summarizers::Extractive => Box::new(ExtractiveSummarizer),
         };
         Arc::new(Timed { inner, metrics: metrics.clone() })
     }
@@ -321,7 +323,7 @@ impl<D: Dialect> Turn<'_, D> {
         options.window_cap = stated.or(rejected).filter(|&n| n > 0);
         options.token_ratio = self.dialect.token_ratio(&self.model_name);
         let started = Instant::now();
-        let api = self.dialect.summary_api();
+        let api = self.dialect.summary_api(self.headers);
         let summarizer =
             self.conversations.timed_summarizer(self.headers, &request, api, self.metrics);
         let retry = self.conversations.decide(&self.key, &request, summarizer, &options).await;

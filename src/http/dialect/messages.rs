@@ -14,7 +14,7 @@
 //! The model summarizer asks these conversations' digests of Anthropic, in a Messages
 //! call to `upstream.anthropic_url` with the client's credential (never to `upstream.url`:
 //! an Anthropic key must not go there), unless `summarizer.api_key` names a summarizer
-//! of its own.
+//! of its own. A Claude subscription's OAuth token is never used for digests.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -145,9 +145,24 @@ impl Dialect for Messages {
         self.calibration.ratio(model)
     }
 
-    fn summary_api(&self) -> SummaryApi {
-        SummaryApi::Messages
+    /// Anthropic, with the client's key; not with a Claude subscription's OAuth token
+    /// (a bearer `sk-ant-oat…`, or an `oauth-` beta), which is meant for its own client
+    /// only.
+    fn summary_api(&self, headers: &HeaderMap) -> Option<SummaryApi> {
+        (!is_subscription_token(headers)).then_some(SummaryApi::Messages)
     }
+}
+
+/// True when the request is authenticated by a Claude subscription's OAuth token.
+fn is_subscription_token(headers: &HeaderMap) -> bool {
+    let text = |name: http::header::HeaderName| {
+        headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_ascii_lowercase)
+    };
+    let bearer = text(http::header::AUTHORIZATION)
+        .is_some_and(|v| v.strip_prefix("bearer ").is_some_and(|t| t.starts_with("sk-ant-oat")));
+    let oauth_beta = text(http::header::HeaderName::from_static("anthropic-beta"))
+        .is_some_and(|v| v.split(',').any(|beta| beta.trim().starts_with("oauth-")));
+    bearer || oauth_beta
 }
 
 /// True for Anthropic's overflow error: `invalid_request_error` with
@@ -193,6 +208,25 @@ impl Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subscription_token_is_never_used_for_digests() {
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (k, v) in pairs {
+                headers.insert(*k, v.parse().unwrap());
+            }
+            Messages::default().summary_api(&headers)
+        };
+        assert_eq!(with(&[("x-api-key", "sk-ant-api03-k")]), Some(SummaryApi::Messages));
+        assert_eq!(with(&[("authorization", "Bearer sk-ant-api03-k")]), Some(SummaryApi::Messages));
+        assert_eq!(with(&[("authorization", "Bearer sk-ant-oat01-t")]), None);
+        let oauth = [
+            ("authorization", "Bearer other"),
+            ("anthropic-beta", "claude-code-20250219,oauth-2025-04-20"),
+        ];
+        assert_eq!(with(&oauth), None);
+    }
 
     #[test]
     fn the_outline_s_session_key_is_the_parsed_request_s() {

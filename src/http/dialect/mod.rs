@@ -186,8 +186,11 @@ pub trait Dialect: Send + Sync + 'static {
     }
 
     /// The API the model summarizer speaks for this shape's conversations when it uses
-    /// the client's credential (see [`crate::summarizer::llm::LlmSummarizer::bind_to`]).
-    fn summary_api(&self) -> SummaryApi {
-        SummaryApi::ChatCompletions
+    /// the client's credential (see [`crate::summarizer::llm::LlmSummarizer::bind_to`]);
+    /// `None` when the client's credential must not be used for digests (they are then
+    /// extractive, unless `summarizer.api_key` names a summarizer of its own).
+    fn summary_api(&self, headers: &HeaderMap) -> Option<SummaryApi> {
+        let _ = headers;
+        Some(SummaryApi::ChatCompletions)
     }
 }

@@ -128,8 +128,8 @@ impl Dialect for Responses {
         !is_invalid_encrypted_content(error_body) && is_context_overflow(error_body)
     }
 
-    fn summary_api(&self) -> SummaryApi {
-        SummaryApi::Responses
+    fn summary_api(&self, _: &HeaderMap) -> Option<SummaryApi> {
+        Some(SummaryApi::Responses)
     }
 
     fn overflows_in_stream(&self) -> bool {

@@ -193,6 +193,11 @@ impl LlmSummarizer {
         &self.endpoint
     }
 
+    /// True when `summarizer.api_key` is set: calls never use the client's credential.
+    pub fn has_own_key(&self) -> bool {
+        self.api_key.is_some()
+    }
+
     /// The URL of `api`'s calls.
     fn endpoint_of(&self, api: SummaryApi) -> &Uri {
         match api {
