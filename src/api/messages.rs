@@ -9,6 +9,7 @@
 //! | `assistant` message | one `assistant` message: its `tool_use` blocks become `tool_calls` (`arguments` = the `input` JSON), every other block a content part (`thinking` / `redacted_thinking` as a part naming a hash of the block, never its signature) |
 //! | `user` message | its `tool_result` blocks become `tool` messages (`tool_call_id` = `tool_use_id`), each run of other blocks one `user` message; a string content one `user` message |
 //! | `image` block | an `image_url` part naming a hash of the block (counted like an image of unknown size) |
+//! | `document` block | a base64 PDF: a `file` part naming a hash of the block and its pages (counted per page); a text document: a text part; others as they are |
 //!
 //! Rendering writes the `messages` array from the compacted neutral messages and leaves
 //! every other byte of the body as received (`system`, `tools`, `thinking`,
@@ -234,6 +235,26 @@ fn neutral_part(block: &Value, hash: impl Fn() -> String) -> Value {
             "block": hash(),
         }),
         "redacted_thinking" => json!({"type": "redacted_thinking", "block": hash()}),
+        "document" => neutral_document(block, hash),
+        _ => block.clone(),
+    }
+}
+
+/// A `document` block's neutral part: a base64 PDF as a `file` part naming the block's
+/// hash and the PDF's pages (the engine charges it by page instead of its base64 text),
+/// a plain-text document as a text part; any other (a URL, a file id, a PDF whose pages
+/// cannot be counted) as it is.
+fn neutral_document(block: &Value, hash: impl Fn() -> String) -> Value {
+    let source = |key: &str| block.pointer(&format!("/source/{key}")).and_then(Value::as_str);
+    match (source("type"), source("media_type"), source("data")) {
+        (Some("base64"), Some("application/pdf"), Some(data)) => {
+            match crate::compaction::tokens::count::base64_pdf_pages(data) {
+                Some(pages) => json!({"type": "file", "file": {
+                    "filename": format!("anthropic-document:{}", hash()), "pages": pages}}),
+                None => block.clone(),
+            }
+        }
+        (Some("text"), _, Some(text)) => json!({"type": "text", "text": text}),
         _ => block.clone(),
     }
 }
@@ -675,6 +696,32 @@ mod tests {
         assert_eq!(request.model().as_deref(), Some("claude-sonnet-4-5"));
         assert_eq!(request.max_reply_tokens(), Some(2048));
         assert!(request.tools_raw().is_some());
+    }
+
+    #[test]
+    fn a_pdf_document_is_counted_by_its_pages_and_forwarded_as_sent() {
+        use base64::Engine as _;
+        let mut pdf = b"%PDF-1.4\n1 0 obj << /Type /Pages /Count 3 >> endobj\n".to_vec();
+        for n in 0..3 {
+            pdf.extend(format!("{} 0 obj << /Type /Page /Parent 1 0 R >> endobj\n", n + 2).bytes());
+        }
+        pdf.extend(std::iter::repeat_n(b'x', 300_000));
+        let data = base64::engine::general_purpose::STANDARD.encode(&pdf);
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{{"type":"document","source":{{"type":"base64","media_type":"application/pdf","data":"{data}"}}}},{{"type":"document","source":{{"type":"text","media_type":"text/plain","data":"Plain notes."}}}},{{"type":"text","text":"Summarize it."}}]}}]}}"#
+        );
+        let (request, origins) = parse(body.as_bytes()).unwrap();
+        let parts = request.messages()[0].value()["content"].clone();
+        assert_eq!(parts[0]["type"], "file");
+        assert_eq!(parts[0]["file"]["pages"], 3);
+        assert_eq!(parts[1], json!({"type": "text", "text": "Plain notes."}));
+        let tokens = crate::compaction::tokens::message_tokens(
+            crate::compaction::tokens::Encoding::O200kBase,
+            &request.messages()[0],
+        );
+        let pages = 3 * crate::compaction::tokens::count::PDF_PAGE_TOKENS;
+        assert!(tokens > pages && tokens < pages + 100, "{tokens}, not the base64 text");
+        assert_eq!(render(body.as_bytes(), &origins, &request), body.as_bytes());
     }
 
     #[test]

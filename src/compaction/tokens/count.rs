@@ -6,7 +6,9 @@
 //! name and arguments plus a small framing overhead; tool definitions are counted as
 //! their JSON text, which over-estimates OpenAI's internal rendering (safe for a budget).
 //! Image parts cost by detail: `low` is 85 tokens, `high`/`auto` 85 plus 170 per 512 px
-//! tile, and the largest possible tiling when the size is unknown.
+//! tile, and the largest possible tiling when the size is unknown. A PDF file part costs
+//! [`PDF_PAGE_TOKENS`] per page when its pages can be counted (its base64 text would be
+//! counted several times over what the providers charge), else its JSON text.
 
 use std::sync::LazyLock;
 
@@ -31,6 +33,48 @@ pub const IMAGE_TILE: usize = 170;
 /// An image of unknown size at `high`/`auto`: the most tiles any size can produce
 /// (768 × 2048 after scaling → 2 × 4 tiles).
 pub const IMAGE_UNKNOWN: usize = IMAGE_LOW + 8 * IMAGE_TILE;
+
+/// The most a PDF page costs: its text (up to about 3,000 tokens, by Anthropic's
+/// documentation) and the image of the page both providers add (about 1,600).
+pub const PDF_PAGE_TOKENS: usize = 5_000;
+
+/// The pages of a PDF: its page objects (`/Type /Page`, not `/Pages`); `None` when it
+/// names none (its page tree is inside compressed object streams).
+pub fn pdf_pages(pdf: &[u8]) -> Option<usize> {
+    static PAGE: LazyLock<[Finder<'static>; 2]> =
+        LazyLock::new(|| [Finder::new(b"/Type /Page"), Finder::new(b"/Type/Page")]);
+    let pages: usize = PAGE
+        .iter()
+        .map(|f| {
+            f.find_iter(pdf).filter(|&at| pdf.get(at + f.needle().len()) != Some(&b's')).count()
+        })
+        .sum();
+    (pages > 0).then_some(pages)
+}
+
+/// The pages of a PDF given as base64 text (standard alphabet); `None` when it does not
+/// decode or names no page (see [`pdf_pages`]).
+pub fn base64_pdf_pages(data: &str) -> Option<usize> {
+    use base64::Engine as _;
+    let pdf = base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?;
+    pdf_pages(&pdf)
+}
+
+/// Tokens of a `file` part: a PDF by its pages (noted by a dialect as `file.pages`, or
+/// counted in its `file_data`), anything else by its JSON text.
+fn file_tokens(part: &Value) -> usize {
+    let noted = part.pointer("/file/pages").and_then(Value::as_u64);
+    let pages = noted.and_then(|p| usize::try_from(p).ok()).or_else(|| {
+        let data = part.pointer("/file/file_data")?.as_str()?;
+        base64_pdf_pages(data.strip_prefix("data:application/pdf;base64,")?)
+    });
+    pages.map_or_else(|| json_tokens(part), |p| p.max(1).saturating_mul(PDF_PAGE_TOKENS))
+}
+
+/// A part's JSON text as tokens: a generous stand-in for what cannot be counted.
+fn json_tokens(part: &Value) -> usize {
+    serde_json::to_string(part).map_or(0, |s| s.len() / 3 + 1)
+}
 
 /// Tokens of an image part by detail and, when known, pixel size.
 pub fn image_tokens(detail: &str, size: Option<(u32, u32)>) -> usize {
@@ -58,8 +102,9 @@ fn part_tokens(count: &impl Fn(&str) -> usize, part: &Value) -> usize {
                 part.pointer("/image_url/detail").and_then(Value::as_str).unwrap_or("auto");
             image_tokens(detail, None)
         }
-        // Audio, files and unknown parts: their JSON text, a generous stand-in.
-        _ => serde_json::to_string(part).map_or(0, |s| s.len() / 3 + 1),
+        Some("file") => file_tokens(part),
+        // Audio and unknown parts: their JSON text, a generous stand-in.
+        _ => json_tokens(part),
     }
 }
 
@@ -130,6 +175,25 @@ pub fn tools_tokens(enc: Encoding, tools_raw: &str) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_pdf_file_part_costs_its_pages() {
+        let pdf =
+            b"%PDF-1.7\n<< /Type /Pages /Kids [3 0 R 4 0 R] >>\n<< /Type /Page >>\n<</Type/Page>>";
+        assert_eq!(pdf_pages(pdf), Some(2));
+        assert_eq!(pdf_pages(b"%PDF-1.7 /ObjStm compressed"), None);
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::STANDARD.encode(pdf);
+        let part = json!({"type": "file", "file": {"filename": "a.pdf",
+            "file_data": format!("data:application/pdf;base64,{data}")}});
+        let count = |t: &str| Encoding::O200kBase.count(t);
+        assert_eq!(part_tokens(&count, &part), 2 * PDF_PAGE_TOKENS);
+        let noted = json!({"type": "file", "file": {"filename": "x", "pages": 7}});
+        assert_eq!(part_tokens(&count, &noted), 7 * PDF_PAGE_TOKENS);
+        // Pages that cannot be counted: the JSON text.
+        let opaque = json!({"type": "file", "file": {"file_id": "file-abc"}});
+        assert_eq!(part_tokens(&count, &opaque), json_tokens(&opaque));
+    }
 
     /// The six messages of the openai-cookbook notebook "How to count tokens with
     /// tiktoken" (examples/How_to_count_tokens_with_tiktoken.ipynb), for which the
