@@ -31,6 +31,9 @@ pub struct MessageOutline {
     pub image_mentions: usize,
     /// Strings in it that are exactly `arguments` (every call names it once).
     pub call_mentions: usize,
+    /// Strings in it that are exactly `file_data` (a file part with inline data, which
+    /// may be a PDF counted by its pages rather than its bytes).
+    pub file_mentions: usize,
 }
 
 impl<'a> Outline<'a> {
@@ -48,7 +51,7 @@ impl<'a> Outline<'a> {
     }
 
     fn scan_with(body: &'a [u8], read_messages: bool) -> Option<Self> {
-        let mut scan = Scanner { body, pos: 0, mentions: (0, 0) };
+        let mut scan = Scanner { body, pos: 0, mentions: Mentions::default() };
         let mut fields = Vec::new();
         let mut messages = None;
         scan.expect(b'{')?;
@@ -130,7 +133,7 @@ impl<'a> Outline<'a> {
 /// reading further than asked: an element is `None` (and the last) where the scan meets
 /// anything it does not expect.
 pub fn array_elements(raw: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
-    let mut scan = Scanner { body: raw, pos: 0, mentions: (0, 0) };
+    let mut scan = Scanner { body: raw, pos: 0, mentions: Mentions::default() };
     let mut state = scan.expect(b'[').map(|()| false);
     std::iter::from_fn(move || {
         // `Some(false)`: before the first element; `Some(true)`: after one; `None`: done.
@@ -161,8 +164,15 @@ pub fn array_elements(raw: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
 struct Scanner<'a> {
     body: &'a [u8],
     pos: usize,
-    /// Strings seen that are exactly `image_url`, and exactly `arguments`.
-    mentions: (usize, usize),
+    mentions: Mentions,
+}
+
+/// Strings seen so far that are exactly `image_url`, `arguments` and `file_data`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Mentions {
+    images: usize,
+    calls: usize,
+    files: usize,
 }
 
 impl<'a> Scanner<'a> {
@@ -208,8 +218,9 @@ impl<'a> Scanner<'a> {
             if self.body[at] == b'"' {
                 self.pos = at + 1;
                 match &self.body[start..at] {
-                    b"image_url" => self.mentions.0 += 1,
-                    b"arguments" => self.mentions.1 += 1,
+                    b"image_url" => self.mentions.images += 1,
+                    b"arguments" => self.mentions.calls += 1,
+                    b"file_data" => self.mentions.files += 1,
                     _ => {}
                 }
                 return Some(());
@@ -318,8 +329,9 @@ impl<'a> Scanner<'a> {
                         out.push(MessageOutline {
                             range: start..self.pos + 1,
                             role,
-                            image_mentions: self.mentions.0 - before.0,
-                            call_mentions: self.mentions.1 - before.1,
+                            image_mentions: self.mentions.images - before.images,
+                            call_mentions: self.mentions.calls - before.calls,
+                            file_mentions: self.mentions.files - before.files,
                         });
                     }
                 }
@@ -459,22 +471,26 @@ mod tests {
     fn mentions_are_what_a_search_of_the_text_finds() {
         let body = br#"{"model":"gpt-4o","messages":[
             {"role":"user","content":[{"type":"text","text":"see \"image_url\" and arguments"},
-                {"type":"image_url","image_url":{"url":"https://x/y.png"}}]},
+                {"type":"image_url","image_url":{"url":"https://x/y.png"}},
+                {"type":"file","file":{"filename":"a.pdf","file_data":"data:application/pdf;base64,JVBERi0="}}]},
             {"role":"assistant","content":null,"tool_calls":[
                 {"id":"a","type":"function","function":{"name":"f","arguments":"{\"arguments\":1}"}},
                 {"id":"b","type":"function","function":{"name":"g","arguments":"{}"}}]},
             {"role":{"not":"a string"},"content":"x"},
             {"role":"\u0073ystem","content":"escaped"}]}"#;
         let outline = Outline::scan(body).unwrap();
-        let counts: Vec<(usize, usize)> =
-            outline.messages().iter().map(|m| (m.image_mentions, m.call_mentions)).collect();
-        assert_eq!(counts, [(2, 0), (0, 2), (0, 0), (0, 0)]);
+        let counts: Vec<(usize, usize, usize)> = outline
+            .messages()
+            .iter()
+            .map(|m| (m.image_mentions, m.call_mentions, m.file_mentions))
+            .collect();
+        assert_eq!(counts, [(2, 0, 1), (0, 2, 0), (0, 0, 0), (0, 0, 0)]);
         for m in outline.messages() {
             let raw = outline.raw(m);
             let search = |needle: &[u8]| memchr::memmem::find_iter(raw, needle).count();
             assert_eq!(
-                (m.image_mentions, m.call_mentions),
-                (search(b"\"image_url\""), search(b"\"arguments\""))
+                (m.image_mentions, m.call_mentions, m.file_mentions),
+                (search(b"\"image_url\""), search(b"\"arguments\""), search(b"\"file_data\""))
             );
         }
         assert_eq!(outline.messages()[2].role, None);

@@ -258,6 +258,27 @@ async fn a_request_clearly_below_the_trigger_is_one_the_engine_leaves_unchanged(
     assert!(quick > 10 && full > 10, "both sides were exercised: {quick} quick, {full} full");
 }
 
+/// A PDF in a file part is charged by its pages, which its bytes do not bound: such a
+/// request is always counted, never decided from its outline.
+#[test]
+fn a_request_with_inline_file_data_is_always_counted() {
+    let engine = Engine::new(CompactionConfig::default());
+    // A two-page PDF in a few dozen bytes of base64.
+    let pdf = "JVBERi0xLjcKPDwgL1R5cGUgL1BhZ2UgPj4KPDwgL1R5cGUgL1BhZ2UgPj4K";
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Summarize this."},
+        {"type": "file", "file": {"filename": "a.pdf",
+            "file_data": format!("data:application/pdf;base64,{pdf}")}}]}]});
+    let body = serde_json::to_vec(&body).unwrap();
+    let outline = foldgate::outline::Outline::scan(&body).expect("an outline");
+    assert!(engine.clearly_below(&outline, &Options::default()).is_none());
+    let parsed = ChatRequest::parse(&body).unwrap();
+    let budget = foldgate::compaction::Budget::of(&parsed, engine.config(), &Options::default());
+    let mut cache = foldgate::compaction::TokenCache::default();
+    let exact = engine.count_prompt(&parsed, &budget, &mut cache);
+    assert!(exact >= 2 * foldgate::compaction::tokens::count::PDF_PAGE_TOKENS, "{exact}");
+}
+
 /// A customer-service style session: many short user turns, each with one tool round and
 /// a reply, user messages of 100 to 190 tokens.
 fn many_turns(turns: usize) -> Vec<Value> {

@@ -108,6 +108,11 @@ impl Engine {
     pub fn clearly_below(&self, outline: &Outline<'_>, opts: &Options) -> Option<Report> {
         let (mut upper, mut estimate, mut count) = (REPLY_PRIMING, REPLY_PRIMING, 0);
         for message in outline.messages() {
+            if message.file_mentions > 0 {
+                // Inline file data: a PDF is charged by its pages, which its bytes do
+                // not bound.
+                return None;
+            }
             let len = message.range.len();
             let images = message.image_mentions.div_ceil(2);
             upper += upper_bound_of(len, images, message.call_mentions);

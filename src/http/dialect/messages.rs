@@ -83,7 +83,9 @@ impl Dialect for Messages {
         options: &Options,
     ) -> Option<Report> {
         let scan = &outline.outline;
-        let bound = byte_bound(outline.body, b"\"image\"", scan.tools_raw(), scan.messages().len());
+        let (image, document) = (b"\"image\"".as_slice(), b"\"document\"".as_slice());
+        let messages = scan.messages().len();
+        let bound = byte_bound(outline.body, image, Some(document), scan.tools_raw(), messages)?;
         engine.below_bound(scan.model(), scan.max_reply_tokens(), bound, options)
     }
 
@@ -208,6 +210,22 @@ impl Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_with_a_document_is_always_counted() {
+        let engine = Engine::new(crate::config::CompactionConfig::default());
+        let small = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hi"}]}"#;
+        let outline = Messages::default().outline(small).unwrap();
+        assert!(
+            Messages::default().clearly_below(&engine, &outline, &Options::default()).is_some()
+        );
+        // A PDF's pages can cost more than its bytes: the quick bound does not hold.
+        let pdf = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0="}}]}]}"#;
+        let outline = Messages::default().outline(pdf).unwrap();
+        assert!(
+            Messages::default().clearly_below(&engine, &outline, &Options::default()).is_none()
+        );
+    }
 
     #[test]
     fn a_subscription_token_is_never_used_for_digests() {

@@ -38,12 +38,22 @@ pub use responses::Responses;
 /// takes at least one byte of the body's JSON text (which also covers the per-message
 /// framing of the neutral form), except images, each charged its most (`image`: how the
 /// body names an image block). Tool definitions (`tools`, their raw text) may become
-/// longer JSON in the neutral form, so they count twice.
-pub fn byte_bound(body: &[u8], image: &[u8], tools: Option<&[u8]>, messages: usize) -> Bound {
+/// longer JSON in the neutral form, so they count twice. `None` when the body names a
+/// block its bytes do not bound (`unbounded`: e.g. a PDF, charged by its pages).
+pub fn byte_bound(
+    body: &[u8],
+    image: &[u8],
+    unbounded: Option<&[u8]>,
+    tools: Option<&[u8]>,
+    messages: usize,
+) -> Option<Bound> {
+    if unbounded.is_some_and(|needle| memchr::memmem::find(body, needle).is_some()) {
+        return None;
+    }
     let images = memchr::memmem::find_iter(body, image).count();
     let tools = tools.map_or(0, <[u8]>::len);
     let upper = body.len() + tools + images * IMAGE_UNKNOWN + REPLY_PRIMING;
-    Bound { upper, estimate: body.len() / 4, messages }
+    Some(Bound { upper, estimate: body.len() / 4, messages })
 }
 
 /// What an event at the start of a 200 event stream tells about the answer.

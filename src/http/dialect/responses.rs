@@ -88,7 +88,7 @@ impl Dialect for Responses {
             .field("max_output_tokens")
             .and_then(|raw| serde_json::from_slice::<u64>(raw).ok())
             .and_then(|n| usize::try_from(n).ok());
-        let bound = byte_bound(outline.body, b"\"input_image\"", fields.tools_raw(), 0);
+        let bound = byte_bound(outline.body, b"\"input_image\"", None, fields.tools_raw(), 0)?;
         engine.below_bound(fields.model(), max_reply, bound, options)
     }
 
@@ -313,7 +313,8 @@ mod tests {
             let (request, _) = Responses.parse(&bytes).unwrap();
             let mut cache = crate::compaction::TokenCache::default();
             let exact = engine.count_prompt(&request, &report.budget, &mut cache);
-            let bound = byte_bound(&bytes, b"\"input_image\"", outline.fields.tools_raw(), 0);
+            let bound = byte_bound(&bytes, b"\"input_image\"", None, outline.fields.tools_raw(), 0)
+                .unwrap();
             assert!(bound.upper >= exact, "{} < {exact}: {body}", bound.upper);
         }
     }
