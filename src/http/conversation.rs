@@ -193,7 +193,9 @@ impl Conversations {
         options: &Options,
     ) -> Decision {
         let Some(runtime) = &self.compaction_runtime else {
-            return self.compactor.decide(key, request, summarizer, options).await;
+            // Boxed: the compaction's future is large, and every request's handler future
+            // (moved whole when it is boxed and polled) would otherwise carry its size.
+            return Box::pin(self.compactor.decide(key, request, summarizer, options)).await;
         };
         let (compactor, key, request, options) =
             (self.compactor.clone(), key.clone(), request.clone(), options.clone());
