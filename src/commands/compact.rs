@@ -8,9 +8,11 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 
-use crate::api::{self, Api};
+use crate::api::{self, Api, Origins};
 use crate::cli::CompactArgs;
+use crate::compaction::CompactionError;
 use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
+use crate::model::ChatRequest;
 use crate::summarizer::ExtractiveSummarizer;
 
 /// Runs `foldgate compact`.
@@ -39,50 +41,25 @@ pub fn run(args: &CompactArgs) -> ExitCode {
     let opts = Options { window_cap: args.window, model: args.model.clone(), ..Options::default() };
     let mut state = SessionState::default();
     let body = Bytes::from(body);
-    let compacted = match api {
-        Api::Chat => rt.block_on(engine.compact(&body, &mut state, &ExtractiveSummarizer, &opts)),
-        Api::Messages => {
-            let Some((request, origins)) = api::messages::parse(&body) else {
-                eprintln!(
-                    "foldgate compact: forwarded unchanged: not a Messages request foldgate understands"
-                );
-                let _ = std::io::stdout().write_all(&body);
-                return ExitCode::FAILURE;
-            };
-            let run = engine.compact_request(&request, &mut state, &ExtractiveSummarizer, &opts);
-            rt.block_on(run).map(|outcome| match outcome {
-                Outcome::Compacted { request, report, .. } => {
-                    let body = api::messages::render(&body, &origins, &request).to_vec();
-                    Outcome::Compacted { body, request, report }
-                }
-                unchanged @ Outcome::Unchanged { .. } => unchanged,
-            })
-        }
-        Api::Responses => {
-            let Some((request, origins)) = api::responses::parse(&body) else {
-                eprintln!(
-                    "foldgate compact: forwarded unchanged: not a Responses request foldgate understands"
-                );
-                let _ = std::io::stdout().write_all(&body);
-                return ExitCode::FAILURE;
-            };
-            if origins.server_state {
-                eprintln!(
-                    "foldgate compact: forwarded unchanged: the request relies on state the \
-                     provider keeps (previous_response_id, conversation or item_reference)"
-                );
-                let _ = std::io::stdout().write_all(&body);
-                return ExitCode::SUCCESS;
-            }
-            let run = engine.compact_request(&request, &mut state, &ExtractiveSummarizer, &opts);
-            rt.block_on(run).map(|outcome| match outcome {
-                Outcome::Compacted { request, report, .. } => {
-                    let body = api::responses::render(&body, &origins, &request).to_vec();
-                    Outcome::Compacted { body, request, report }
-                }
-                unchanged @ Outcome::Unchanged { .. } => unchanged,
-            })
-        }
+    let shape = match api {
+        Api::Chat => None,
+        Api::Messages => Some(Shape {
+            name: "Messages",
+            parse: api::messages::parse,
+            render: |b, o, r| api::messages::render(b, o, r),
+        }),
+        Api::Responses => Some(Shape {
+            name: "Responses",
+            parse: api::responses::parse,
+            render: api::responses::render,
+        }),
+    };
+    let compacted = match shape {
+        None => rt.block_on(engine.compact(&body, &mut state, &ExtractiveSummarizer, &opts)),
+        Some(shape) => match shape.compact(&rt, &engine, &mut state, &opts, &body) {
+            Ok(compacted) => compacted,
+            Err(code) => return code,
+        },
     };
     let (out, report) = match &compacted {
         Ok(Outcome::Unchanged { report }) => (&body[..], report),
@@ -107,6 +84,52 @@ pub fn run(args: &CompactArgs) -> ExitCode {
         eprint!("{}", render(report));
     }
     ExitCode::SUCCESS
+}
+
+/// An API shape other than chat completions: its conversion to and from the engine's
+/// neutral request.
+struct Shape {
+    name: &'static str,
+    parse: fn(&[u8]) -> Option<(ChatRequest, Origins)>,
+    render: fn(&Bytes, &Origins, &ChatRequest) -> Bytes,
+}
+
+impl Shape {
+    /// `body` parsed, compacted and rendered back; a body this shape does not understand,
+    /// or one relying on state the provider keeps, goes to stdout as it is (the exit code
+    /// then says which).
+    #[allow(clippy::print_stderr)]
+    fn compact(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        engine: &Engine,
+        state: &mut SessionState,
+        opts: &Options,
+        body: &Bytes,
+    ) -> Result<Result<Outcome, CompactionError>, ExitCode> {
+        let unchanged = |why: &str, code: ExitCode| {
+            eprintln!("foldgate compact: forwarded unchanged: {why}");
+            let _ = std::io::stdout().write_all(body);
+            code
+        };
+        let Some((request, origins)) = (self.parse)(body) else {
+            let why = format!("not a {} request foldgate understands", self.name);
+            return Err(unchanged(&why, ExitCode::FAILURE));
+        };
+        if origins.server_state {
+            let why = "the request relies on state the provider keeps \
+                       (previous_response_id, conversation or item_reference)";
+            return Err(unchanged(why, ExitCode::SUCCESS));
+        }
+        let run = engine.compact_request(&request, state, &ExtractiveSummarizer, opts);
+        Ok(rt.block_on(run).map(|outcome| match outcome {
+            Outcome::Compacted { request, report, .. } => {
+                let body = (self.render)(body, &origins, &request).to_vec();
+                Outcome::Compacted { body, request, report }
+            }
+            unchanged @ Outcome::Unchanged { .. } => unchanged,
+        }))
+    }
 }
 
 fn read_input(path: Option<&std::path::Path>) -> std::io::Result<Vec<u8>> {

@@ -245,40 +245,25 @@ fn record_names(record: &Value, line: usize) -> (String, String) {
 }
 
 impl Conversation {
-    /// Reads one record that is a Responses request body (`input`, `instructions`,
-    /// `tools`, `model`; with optional `id` and `meta.family`) through the Responses
-    /// conversion: the conversation is its neutral messages.
-    pub fn from_responses(
+    /// Reads one record that is a request body of another API shape (a Responses body:
+    /// `input`, `instructions`, `tools`, `model`; an Anthropic Messages body: `system`,
+    /// `messages`, `tools`, `model`; with optional `id` and `meta.family`) through that
+    /// shape's conversion (`parse`, named `shape`): the conversation is its neutral
+    /// messages.
+    pub fn from_converted(
         line_text: &str,
         record: &Value,
         line: usize,
         model: Option<&str>,
+        shape: &str,
+        parse: fn(&[u8]) -> Option<(ChatRequest, api::Origins)>,
     ) -> Result<Self, ReplayError> {
-        let err = |message: &str| ReplayError::Record { line, message: message.to_owned() };
-        let (request, origins) = api::responses::parse(line_text.as_bytes())
-            .ok_or_else(|| err("not a Responses request foldgate understands"))?;
+        let err = |message: String| ReplayError::Record { line, message };
+        let (request, origins) = parse(line_text.as_bytes())
+            .ok_or_else(|| err(format!("not a {shape} request foldgate understands")))?;
         if origins.server_state {
-            return Err(err("relies on state the provider keeps (previous_response_id)"));
+            return Err(err("relies on state the provider keeps (previous_response_id)".into()));
         }
-        Ok(Self::of_neutral(&request, record, line, model))
-    }
-}
-
-impl Conversation {
-    /// Reads one record that is an Anthropic Messages request body (`system`, `messages`,
-    /// `tools`, `model`; with optional `id` and `meta.family`) through the Messages
-    /// conversion: the conversation is its neutral messages.
-    pub fn from_messages(
-        line_text: &str,
-        record: &Value,
-        line: usize,
-        model: Option<&str>,
-    ) -> Result<Self, ReplayError> {
-        let (request, _) =
-            api::messages::parse(line_text.as_bytes()).ok_or_else(|| ReplayError::Record {
-                line,
-                message: "not a Messages request foldgate understands".to_owned(),
-            })?;
         Ok(Self::of_neutral(&request, record, line, model))
     }
 }
@@ -456,8 +441,14 @@ pub async fn replay_file_as(
             .map_err(|e| ReplayError::Record { line: n + 1, message: e.to_string() })?;
         let model = opts.engine.model.as_deref();
         let mut conv = match api {
-            Api::Responses => Conversation::from_responses(&line, &record, n + 1, model)?,
-            Api::Messages => Conversation::from_messages(&line, &record, n + 1, model)?,
+            Api::Responses => {
+                let parse = api::responses::parse;
+                Conversation::from_converted(&line, &record, n + 1, model, "Responses", parse)?
+            }
+            Api::Messages => {
+                let parse = api::messages::parse;
+                Conversation::from_converted(&line, &record, n + 1, model, "Messages", parse)?
+            }
             Api::Chat => Conversation::from_record(&record, n + 1, model)?,
         };
         if let Some(max) = opts.max_tokens {

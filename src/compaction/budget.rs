@@ -1,5 +1,7 @@
 //! The token budget of one request.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use super::tokens::{Encoding, resolve};
@@ -31,6 +33,16 @@ pub struct Options {
 }
 
 impl Options {
+    /// These options for a conversation whose own measured ratio is `measured` (see
+    /// [`crate::compaction::SessionState::token_ratio`]): it takes the place of
+    /// `token_ratio`.
+    pub fn for_conversation(&self, measured: Option<TokenRatio>) -> Cow<'_, Self> {
+        match measured {
+            Some(ratio) => Cow::Owned(Self { token_ratio: Some(ratio.value), ..self.clone() }),
+            None => Cow::Borrowed(self),
+        }
+    }
+
     /// Options for a retry after the provider rejected a request as too long: compact
     /// regardless of the trigger, to half the usual target.
     pub fn overflow_retry(cfg: &CompactionConfig) -> Self {

@@ -177,14 +177,7 @@ impl Engine {
         opts: &Options,
     ) -> Result<Outcome, CompactionError> {
         let cfg = &self.cfg;
-        let own;
-        let opts = match state.token_ratio {
-            Some(measured) => {
-                own = Options { token_ratio: Some(measured.value), ..opts.clone() };
-                &own
-            }
-            None => opts,
-        };
+        let opts = &*opts.for_conversation(state.token_ratio);
         let budget = Budget::of(request, cfg, opts);
         let msgs = request.messages();
         let tools_raw = request.tools_raw();
@@ -488,9 +481,11 @@ impl Engine {
         let base = Options {
             window_cap: request_opts.window_cap,
             model: request_opts.model.clone(),
-            token_ratio: state.token_ratio.map(|r| r.value).or(request_opts.token_ratio),
+            token_ratio: request_opts.token_ratio,
             ..Options::default()
-        };
+        }
+        .for_conversation(state.token_ratio)
+        .into_owned();
         let budget = Budget::of(request, cfg, &base);
         let msgs = request.messages();
         let units = units(msgs);

@@ -215,14 +215,17 @@ impl Conversations {
         api: Option<SummaryApi>,
         metrics: &Arc<Metrics>,
     ) -> Arc<dyn Summarizer> {
-        let inner: Box<dyn Summarizer> = match &self.summarizers {
-            Summarizers::Llm(llm) if api.is_some() || llm.has_own_key() => {
+        let bound = match &self.summarizers {
+            Summarizers::Llm(llm) => {
                 let credential = Credential::from_headers(headers);
                 let model = request.model().unwrap_or_default();
-                let api = api.unwrap_or(SummaryApi::ChatCompletions);
-                Box::new(llm.bind_to(credential, &model, api, headers))
+                llm.bind_for(credential, &model, api, headers)
             }
-            Summarizers::Llm(_) | Summarizers::Extractive => Box::new(ExtractiveSummarizer),
+            Summarizers::Extractive => None,
+        };
+        let inner: Box<dyn Summarizer> = match bound {
+            Some(bound) => Box::new(bound),
+            None => Box::new(ExtractiveSummarizer),
         };
         Arc::new(Timed { inner, metrics: metrics.clone() })
     }

@@ -196,7 +196,7 @@ pub trait Dialect: Send + Sync + 'static {
     }
 
     /// The API the model summarizer speaks for this shape's conversations when it uses
-    /// the client's credential (see [`crate::summarizer::llm::LlmSummarizer::bind_to`]);
+    /// the client's credential (see [`crate::summarizer::llm::LlmSummarizer::bind_for`]);
     /// `None` when the client's credential must not be used for digests (they are then
     /// extractive, unless `summarizer.api_key` names a summarizer of its own).
     fn summary_api(&self, headers: &HeaderMap) -> Option<SummaryApi> {

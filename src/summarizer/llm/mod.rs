@@ -4,7 +4,7 @@
 //! [`LlmSummarizer`] is built once at start-up and shared: it owns the pooled client,
 //! the concurrency limit, the circuit breakers and the counters. A request's credential
 //! and model are known only per request, so the conversation service calls
-//! [`LlmSummarizer::bind_to`] and passes the [`BoundSummarizer`] to the engine.
+//! [`LlmSummarizer::bind_for`] and passes the [`BoundSummarizer`] to the engine.
 //!
 //! Each call is bounded by `summarizer.timeout`, waiting for a concurrency permit
 //! included. Each API and model has its own breaker (one model failing does not stop
@@ -188,14 +188,23 @@ impl LlmSummarizer {
         }
     }
 
+    /// [`Self::bind_to`] for a conversation whose client's credential may be used in
+    /// `api`, or must not be used at all (`None`): then only a summarizer with a key of
+    /// its own (`summarizer.api_key`) serves it, and `None` is returned without one.
+    pub fn bind_for(
+        self: &Arc<Self>,
+        credential: Option<Credential>,
+        request_model: &str,
+        api: Option<SummaryApi>,
+        headers: &HeaderMap,
+    ) -> Option<BoundSummarizer> {
+        let api = api.or(self.api_key.is_some().then_some(SummaryApi::ChatCompletions))?;
+        Some(self.bind_to(credential, request_model, api, headers))
+    }
+
     /// The URL summarization calls go to.
     pub fn endpoint(&self) -> &Uri {
         &self.endpoint
-    }
-
-    /// True when `summarizer.api_key` is set: calls never use the client's credential.
-    pub fn has_own_key(&self) -> bool {
-        self.api_key.is_some()
     }
 
     /// The URL of `api`'s calls.
