@@ -401,18 +401,12 @@ async fn anthropic_writes_the_digests_of_anthropic_conversations() {
     let prompt = body["messages"][0]["content"].as_str().unwrap();
     assert!(prompt.contains("src/module_3.rs"), "the folded work is in the prompt");
     // The next request carries the model's digest where the folded work was.
-    let last = forwarded(&anthropic).pop().unwrap();
+    let last = anthropic.forwarded().pop().unwrap();
     assert_valid(&last.body);
     let text = String::from_utf8_lossy(&last.body);
     assert!(text.contains("[COMPACTED CONTEXT]"), "{text}");
     assert!(text.contains("I read every module the task named."), "{text}");
     assert!(text.contains("Fix the failing test in src/parser.rs. Never touch Cargo.lock."));
-}
-
-/// What the mock received from clients through foldgate (not summarization calls).
-fn forwarded(mock: &MockUpstream) -> Vec<Recorded> {
-    let recorded = mock.recorded().into_iter();
-    recorded.filter(|r| !r.headers.contains_key("x-foldgate-summary")).collect()
 }
 
 /// A POST to `/v1/messages` with the Anthropic key `key`, in conversation `session`
@@ -454,7 +448,7 @@ async fn prompt_is_too_long_is_retried_compacted_and_teaches_the_window() {
     let (status, headers, _) = send(messages_request(&proxy, body.clone())).await;
     assert_eq!(status, 200);
     assert_eq!(headers["x-foldgate-retried"], "1");
-    let recorded = forwarded(&anthropic);
+    let recorded = anthropic.forwarded();
     assert_eq!(recorded.len(), 2);
     assert_eq!(recorded[0].body, body, "the first try went as sent");
     assert!(recorded[1].body.len() < body.len() / 2);
@@ -464,7 +458,7 @@ async fn prompt_is_too_long_is_retried_compacted_and_teaches_the_window() {
     assert_eq!(status, 200);
     assert_eq!(headers["x-foldgate-learned-window"], "12000");
     assert_eq!(headers["x-foldgate-outcome"], "compacted");
-    assert_eq!(forwarded(&anthropic).len(), 3);
+    assert_eq!(anthropic.forwarded().len(), 3);
 }
 
 /// An Anthropic mock that counts a prompt as 1.5 tokens per byte of its body in the

@@ -18,15 +18,6 @@ use foldgate::config::{CompactionMode, SummarizerKind};
 use foldgate::model::{ChatRequest, DIGEST_MARKER};
 use http::{HeaderMap, Request, StatusCode};
 
-/// Bodies the mock received for chat calls (not summarization calls), in order.
-fn forwarded(mock: &MockUpstream) -> Vec<Bytes> {
-    mock.recorded()
-        .into_iter()
-        .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
-        .map(|r| r.body)
-        .collect()
-}
-
 fn header(headers: &HeaderMap, name: &str) -> String {
     headers.get(name).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default()
 }
@@ -57,7 +48,7 @@ async fn a_growing_conversation_is_compacted_validly_and_cache_stably() {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(answer, COMPLETION.as_bytes(), "the upstream answer passes unchanged");
         let outcome = header(&headers, "x-foldgate-outcome");
-        let sent = forwarded(&mock)[i].clone();
+        let sent = mock.forwarded_bodies()[i].clone();
         let original = ChatRequest::parse(body).unwrap();
         let budget = Budget::of(&original, &config.compaction, &Options::default());
         if outcome == "passthrough" {
@@ -90,7 +81,8 @@ async fn a_growing_conversation_is_compacted_validly_and_cache_stably() {
     }
     assert!(outcomes.iter().any(|o| o == "passthrough"));
     assert!(outcomes.iter().filter(|o| *o == "compacted").count() >= 10, "{outcomes:?}");
-    let digests: std::collections::BTreeSet<String> = forwarded(&mock)
+    let digests: std::collections::BTreeSet<String> = mock
+        .forwarded_bodies()
         .iter()
         .flat_map(|b| {
             ChatRequest::parse(b)
@@ -142,7 +134,7 @@ async fn a_failing_summarizer_falls_back_to_an_extractive_digest() {
         assert_eq!(header(&headers, "x-foldgate-outcome"), "compacted");
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
-    let sent = forwarded(&mock).pop().unwrap();
+    let sent = mock.forwarded_bodies().pop().unwrap();
     let request = ChatRequest::parse(&sent).unwrap();
     let digest = request.messages().iter().find(|m| m.is_digest()).expect("a digest").text();
     assert!(digest.contains("src/module_"), "the extractive digest names the files read: {digest}");
@@ -167,7 +159,7 @@ async fn a_concurrent_burst_on_one_session_summarizes_each_range_once() {
         assert_eq!(task.await.unwrap(), "compacted");
     }
     assert_eq!(stats.summaries.load(Ordering::SeqCst), 1, "one summary for the one range");
-    let distinct: std::collections::BTreeSet<Bytes> = forwarded(&mock).into_iter().collect();
+    let distinct: std::collections::BTreeSet<Bytes> = mock.forwarded_bodies().into_iter().collect();
     assert_eq!(distinct.len(), 1, "every request forwarded the same compacted body");
 }
 
@@ -185,7 +177,7 @@ async fn streaming_requests_are_compacted_and_streamed_back() {
     assert_eq!(headers["content-type"], "text/event-stream");
     let text = String::from_utf8(answer.to_vec()).unwrap();
     assert!(text.starts_with("data: {") && text.ends_with("data: [DONE]\n\n"), "{text}");
-    let sent = forwarded(&mock).pop().unwrap();
+    let sent = mock.forwarded_bodies().pop().unwrap();
     assert!(sent.len() < last.len());
     let v: serde_json::Value = serde_json::from_slice(&sent).unwrap();
     assert_eq!(v["stream"], true);
@@ -208,7 +200,7 @@ async fn two_tenants_with_the_same_session_id_never_share_state() {
     let (_, headers_b, _) =
         send(chat_request(&proxy, b.last().unwrap().clone(), "Bearer sk-tenant-b", "shared")).await;
     assert_ne!(header(&headers_a, "x-foldgate-session"), header(&headers_b, "x-foldgate-session"));
-    let sent_b = String::from_utf8(forwarded(&mock).pop().unwrap().to_vec()).unwrap();
+    let sent_b = String::from_utf8(mock.forwarded_bodies().pop().unwrap().to_vec()).unwrap();
     assert!(!sent_b.contains("Fix the failing test"), "tenant A's text reached tenant B");
     assert!(sent_b.contains("Tenant B: summarise the README."));
     for key in ["sk-tenant-a", "sk-tenant-b"] {
@@ -279,7 +271,7 @@ async fn other_400_errors_are_not_retried() {
     let body = requests(&conversation(2, 0), &[]).pop().unwrap();
     let (status, _, answer) = send(chat_request(&proxy, body, "Bearer k", "s")).await;
     assert_eq!((status, answer), (StatusCode::BAD_REQUEST, Bytes::from(error)));
-    assert_eq!(forwarded(&mock).len(), 1);
+    assert_eq!(mock.forwarded_bodies().len(), 1);
 }
 
 #[tokio::test]
@@ -327,7 +319,7 @@ async fn observe_mode_reports_but_forwards_the_original() {
     let before: usize = header(&headers, "x-foldgate-tokens-before").parse().unwrap();
     let after: usize = header(&headers, "x-foldgate-tokens-after").parse().unwrap();
     assert!(after < before);
-    assert_eq!(forwarded(&mock).pop().unwrap(), body);
+    assert_eq!(mock.forwarded_bodies().pop().unwrap(), body);
 }
 
 #[tokio::test]
@@ -365,7 +357,7 @@ async fn with_prefetch_the_request_crossing_the_trigger_waits_for_no_summary() {
     let (i, calls_before, inline) = crossing.expect("the conversation crossed the trigger");
     assert!(calls_before >= 1, "request {i}: the fold was summarized ahead of need");
     assert_eq!(inline, 0, "request {i}: the crossing request made no summarizer call");
-    let sent = forwarded(&mock).pop().unwrap();
+    let sent = mock.forwarded_bodies().pop().unwrap();
     let digest = ChatRequest::parse(&sent)
         .unwrap()
         .messages()

@@ -96,11 +96,7 @@ async fn replay_paced(shape: Shape, seed: u64, pace: Pace) -> Replayed {
         let tier = headers.get("x-foldgate-tier").map(|v| v.to_str().unwrap().to_owned());
         *seen.tiers.entry(tier.unwrap_or_else(|| "-".into())).or_default() += 1;
 
-        let chats: Vec<_> = mock
-            .recorded()
-            .into_iter()
-            .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
-            .collect();
+        let chats = mock.forwarded();
         assert_eq!(chats.len(), sent + 1, "one forwarded request per request");
         sent += 1;
         let original = ChatRequest::parse(&request.body).unwrap();

@@ -184,7 +184,7 @@ async fn the_api_shows_scopes_and_forgets_sessions(
     // without the digests of the forgotten folds.
     quiet(&stats).await;
     let digested = |body: &Bytes| String::from_utf8_lossy(body).contains("I read the modules");
-    assert!(chats(mock).iter().any(digested), "the folds were forwarded before");
+    assert!(mock.forwarded_bodies().iter().any(digested), "the folds were forwarded before");
     let (status, _) = admin(&proxy, Method::DELETE, &path, Some(TOKEN)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(admin(&proxy, Method::GET, &path, Some(TOKEN)).await.0, StatusCode::NOT_FOUND);
@@ -195,20 +195,11 @@ async fn the_api_shows_scopes_and_forgets_sessions(
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["x-foldgate-session"], alice.as_str());
     assert_eq!(headers["x-foldgate-outcome"], "compacted");
-    let forwarded = chats(mock).pop().unwrap();
+    let forwarded = mock.forwarded_bodies().pop().unwrap();
     assert!(!digested(&forwarded), "no digest of the forgotten folds is forwarded");
     let afresh = settled(&proxy, &alice, 1).await;
     assert_eq!(afresh["recent"].as_array().unwrap().len(), 1, "{afresh}");
     assert!(afresh["blocks"].as_array().unwrap().is_empty(), "{afresh}");
-}
-
-/// The chat requests the provider received (not the summarization calls), in order.
-fn chats(mock: &MockUpstream) -> Vec<Bytes> {
-    mock.recorded()
-        .into_iter()
-        .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
-        .map(|r| r.body)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

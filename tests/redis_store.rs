@@ -64,14 +64,6 @@ fn summaries(mock: &MockUpstream) -> Vec<Bytes> {
         .collect()
 }
 
-fn chats(mock: &MockUpstream) -> Vec<Bytes> {
-    mock.recorded()
-        .into_iter()
-        .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
-        .map(|r| r.body)
-        .collect()
-}
-
 /// Waits until no summarizer call has started for a while: background folds (prefetch)
 /// of the last request have landed, so the next request finds the same state whichever
 /// process serves it.
@@ -136,7 +128,7 @@ async fn two_replicas_forward_what_one_process_forwards() {
     single.compaction.max_context_tokens = Some(16_000);
     let one = Proxy::start(single).await;
     converse(&[&one], &mock, &bodies).await;
-    let expected = chats(&mock);
+    let expected = mock.forwarded_bodies();
     let expected_summaries = summaries(&mock).len();
     assert!(expected_summaries >= 2, "the session was folded ({expected_summaries} digests)");
 
@@ -145,7 +137,7 @@ async fn two_replicas_forward_what_one_process_forwards() {
     let a = Proxy::start(replica(&mock.url(), &redis.url())).await;
     let b = Proxy::start(replica(&mock.url(), &redis.url())).await;
     converse(&[&a, &b], &mock, &bodies).await;
-    let forwarded = chats(&mock);
+    let forwarded = mock.forwarded_bodies();
     assert_eq!(forwarded.len(), expected.len());
     for (i, (got, want)) in forwarded.iter().zip(&expected).enumerate() {
         assert!(got == want, "request {i}: the replicas forwarded other bytes than one process");
@@ -199,7 +191,7 @@ async fn concurrent_requests_on_two_replicas_summarize_each_range_once() {
         let (status, _, _) = send(chat_request(proxy, body.clone(), CREDENTIAL, SESSION)).await;
         assert_eq!(status, StatusCode::OK);
     }
-    let forwarded = chats(&mock);
+    let forwarded = mock.forwarded_bodies();
     let (last_a, last_b) = (&forwarded[forwarded.len() - 2], &forwarded[forwarded.len() - 1]);
     assert!(last_a == last_b, "both replicas forward the same bytes");
     assert!(String::from_utf8_lossy(last_a).contains("I read the modules (range"));
@@ -244,7 +236,7 @@ async fn requests_are_answered_while_redis_is_down_and_sharing_resumes_after_a_r
     // B, which has seen none of this since the restart, forwards the fold A made.
     let (status, _, _) = send(chat_request(&b, rest[1].clone(), CREDENTIAL, SESSION)).await;
     assert_eq!(status, StatusCode::OK);
-    let forwarded = chats(&mock);
+    let forwarded = mock.forwarded_bodies();
     let last = String::from_utf8_lossy(&forwarded[forwarded.len() - 1]).into_owned();
     assert!(last.contains("I read the modules (range"), "B applied the fold A stored");
 }

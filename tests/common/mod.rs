@@ -141,6 +141,18 @@ impl MockUpstream {
     pub fn recorded(&self) -> Vec<Recorded> {
         self.requests.lock().unwrap().clone()
     }
+
+    /// The requests clients sent through foldgate, in order (not foldgate's own
+    /// summarization calls, which carry `x-foldgate-summary`).
+    pub fn forwarded(&self) -> Vec<Recorded> {
+        let all = self.recorded().into_iter();
+        all.filter(|r| !r.headers.contains_key("x-foldgate-summary")).collect()
+    }
+
+    /// The bodies of [`MockUpstream::forwarded`].
+    pub fn forwarded_bodies(&self) -> Vec<Bytes> {
+        self.forwarded().into_iter().map(|r| r.body).collect()
+    }
 }
 
 /// foldgate serving in this process on 127.0.0.1:0.
