@@ -9,8 +9,6 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::summarizer::FailureReason;
-
 /// Routes as metric labels (never raw paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -208,6 +206,70 @@ impl OverflowRetry {
     }
 }
 
+/// Which summarizer made a call, the `summarizer` label of
+/// `summarizer_duration_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummarizerName {
+    /// A model call.
+    Llm,
+    /// The extractive digest.
+    Extractive,
+}
+
+impl SummarizerName {
+    /// Every summarizer.
+    pub const ALL: [Self; 2] = [Self::Llm, Self::Extractive];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Llm => "llm",
+            Self::Extractive => "extractive",
+        }
+    }
+}
+
+/// Why a summarizer call failed, the `reason` label of `summarizer_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummarizerFailure {
+    /// The call exceeded its timeout.
+    Timeout,
+    /// The endpoint answered with a non-2xx status.
+    Status,
+    /// Connect, TLS or I/O error.
+    Transport,
+    /// A 2xx answer without usable digest text.
+    InvalidResponse,
+    /// The circuit breaker was open; no call was made.
+    CircuitOpen,
+    /// Any other failure.
+    Failed,
+}
+
+impl SummarizerFailure {
+    /// Every reason.
+    pub const ALL: [Self; 6] = [
+        Self::Timeout,
+        Self::Status,
+        Self::Transport,
+        Self::InvalidResponse,
+        Self::CircuitOpen,
+        Self::Failed,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Status => "status",
+            Self::Transport => "transport",
+            Self::InvalidResponse => "invalid_response",
+            Self::CircuitOpen => "circuit_open",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// The `event` label of `learned_windows_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WindowEvent {
@@ -320,11 +382,11 @@ pub struct Metrics {
     /// Compactions by highest tier applied and outcome.
     pub compactions: IntCounterVec,
     /// Summarizer call duration, by summarizer.
-    pub summarizer_duration: HistogramVec,
+    summarizer_duration: HistogramVec,
     /// How long compacted requests waited for a digest (0 when they did not).
     pub fold_wait: Histogram,
     /// Summarizer failures by reason.
-    pub summarizer_failures: IntCounterVec,
+    summarizer_failures: IntCounterVec,
     /// Share of a fold's artifacts the digest contained before any were appended.
     pub artifact_recall: Histogram,
     /// Time from sending upstream to response headers, by route.
@@ -512,18 +574,17 @@ impl Metrics {
                 self.compactions.with_label_values(&[tier.as_str(), outcome.as_str()]);
             }
         }
-        for summarizer in ["llm", "extractive"] {
-            self.summarizer_duration.with_label_values(&[summarizer]);
+        for summarizer in SummarizerName::ALL {
+            self.summarizer_duration.with_label_values(&[summarizer.as_str()]);
         }
         for route in Route::COMPACTED {
             for outcome in Outcome::ALL {
                 self.chat_requests.with_label_values(&[route.as_str(), outcome.as_str()]);
             }
         }
-        for reason in FailureReason::ALL {
+        for reason in SummarizerFailure::ALL {
             self.summarizer_failures.with_label_values(&[reason.as_str()]);
         }
-        self.summarizer_failures.with_label_values(&["failed"]);
         for result in OverflowRetry::ALL {
             self.overflow_retries.with_label_values(&[result.as_str()]);
         }
@@ -591,6 +652,19 @@ impl Metrics {
     /// Counts one compaction by highest tier applied and outcome.
     pub fn compaction(&self, tier: Tier, outcome: Outcome) {
         self.compactions.with_label_values(&[tier.as_str(), outcome.as_str()]).inc();
+    }
+
+    /// Records one summarizer call: its duration, and why it failed when it did.
+    pub fn summarizer_call(
+        &self,
+        summarizer: SummarizerName,
+        seconds: f64,
+        failure: Option<SummarizerFailure>,
+    ) {
+        self.summarizer_duration.with_label_values(&[summarizer.as_str()]).observe(seconds);
+        if let Some(reason) = failure {
+            self.summarizer_failures.with_label_values(&[reason.as_str()]).inc();
+        }
     }
 
     /// Counts one overflow retry by result.

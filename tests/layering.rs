@@ -75,3 +75,18 @@ fn only_the_http_module_and_composition_root_import_hyper() {
     }
     assert!(offenders.is_empty(), "hyper/tower outside src/http: {offenders:?}");
 }
+
+#[test]
+fn the_metrics_module_owns_its_labels() {
+    // Its labels are its own types: it imports no other module of the crate, so that a
+    // change of the service never changes a metric's labels unseen.
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"))
+            .unwrap();
+    let offenders: Vec<&str> = text
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| !l.starts_with("//") && l.contains("crate::"))
+        .collect();
+    assert!(offenders.is_empty(), "metrics.rs names other modules:\n{}", offenders.join("\n"));
+}

@@ -400,6 +400,18 @@ fn tier_label(tier: Tier) -> metrics::Tier {
     }
 }
 
+/// The metric label of a summarizer failure (`None`: a failure without a reason).
+fn failure_label(reason: Option<FailureReason>) -> metrics::SummarizerFailure {
+    match reason {
+        Some(FailureReason::Timeout) => metrics::SummarizerFailure::Timeout,
+        Some(FailureReason::Status) => metrics::SummarizerFailure::Status,
+        Some(FailureReason::Transport) => metrics::SummarizerFailure::Transport,
+        Some(FailureReason::InvalidResponse) => metrics::SummarizerFailure::InvalidResponse,
+        Some(FailureReason::CircuitOpen) => metrics::SummarizerFailure::CircuitOpen,
+        None => metrics::SummarizerFailure::Failed,
+    }
+}
+
 /// A summarizer whose calls are timed and whose failures are counted.
 struct Timed {
     inner: Box<dyn Summarizer>,
@@ -415,16 +427,13 @@ impl Summarizer for Timed {
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
         let started = Instant::now();
         let result = self.inner.summarize(input).await;
-        self.metrics
-            .summarizer_duration
-            .with_label_values(&[self.inner.name()])
-            .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            self.metrics
-                .summarizer_failures
-                .with_label_values(&[e.reason().map_or("failed", FailureReason::as_str)])
-                .inc();
-        }
+        let name = if self.inner.name() == ExtractiveSummarizer.name() {
+            metrics::SummarizerName::Extractive
+        } else {
+            metrics::SummarizerName::Llm
+        };
+        let failure = result.as_ref().err().map(|e| failure_label(e.reason()));
+        self.metrics.summarizer_call(name, started.elapsed().as_secs_f64(), failure);
         result
     }
 }
