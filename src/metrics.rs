@@ -403,6 +403,9 @@ pub struct Metrics {
     pub store_duration: HistogramVec,
     /// Retries after a context-length error, by result (`retried`, `nothing_to_compact`).
     pub overflow_retries: IntCounterVec,
+    /// Reads of a file whose content a fold already holds and that nothing changed since
+    /// (the agent reading again what it had), by route.
+    pub trail_rereads: IntCounterVec,
     /// Learned context windows: `learned` (a provider stated a smaller window than
     /// known), `applied` (a chat request was planned against a learned window).
     pub learned_windows: IntCounterVec,
@@ -547,6 +550,11 @@ impl Metrics {
                 "Retries after a context-length error, by result.",
                 &["result"],
             )?,
+            trail_rereads: counter(
+                "trail_rereads_total",
+                "Reads of a file a fold already holds unchanged (the agent reading again what it had), by route.",
+                &["route"],
+            )?,
             learned_windows: counter(
                 "learned_windows_total",
                 "Context windows learned from overflow errors (learned), and chat requests planned against one (applied).",
@@ -581,6 +589,7 @@ impl Metrics {
             for outcome in Outcome::ALL {
                 self.chat_requests.with_label_values(&[route.as_str(), outcome.as_str()]);
             }
+            self.trail_rereads.with_label_values(&[route.as_str()]);
         }
         for reason in SummarizerFailure::ALL {
             self.summarizer_failures.with_label_values(&[reason.as_str()]);
@@ -629,6 +638,13 @@ impl Metrics {
         self.per_request.proxy_overhead[route.index()]
             .get_or_init(|| self.proxy_overhead.with_label_values(&[route.as_str()]))
             .observe(seconds);
+    }
+
+    /// Counts `files` re-read on `route` (see [`Metrics::trail_rereads`]).
+    pub fn trail_rereads(&self, route: Route, files: usize) {
+        if files > 0 {
+            self.trail_rereads.with_label_values(&[route.as_str()]).inc_by(files as u64);
+        }
     }
 
     /// Counts one request of a compacted route by what happened to it.

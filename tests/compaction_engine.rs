@@ -298,7 +298,7 @@ fn goal_cfg() -> CompactionConfig {
         user_verbatim_max_tokens: 200,
         floor_max_ratio: 0.3,
         digest_max_tokens: 150,
-        artifact_max_tokens: 40,
+        trail_max_tokens: 40,
         default_reserve_tokens: 500,
         ..CompactionConfig::default()
     }

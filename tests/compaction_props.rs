@@ -174,7 +174,7 @@ fn cfg() -> CompactionConfig {
         user_verbatim_max_tokens: 120,
         elide_min_tokens: 150,
         digest_max_tokens: 250,
-        artifact_max_tokens: 60,
+        trail_max_tokens: 60,
         default_reserve_tokens: 400,
         keep_last_tool_groups: 2,
         ..CompactionConfig::default()

@@ -3,6 +3,7 @@
 pub mod compact;
 pub mod cost;
 pub mod replay;
+pub mod trail_check;
 
 use std::process::ExitCode;
 

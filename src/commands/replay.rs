@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use async_trait::async_trait;
 
 use super::cost::{Charge, Meter, Prompt};
+use super::trail_check;
 use crate::api::{self, Api};
 use crate::cli::ReplayArgs;
 use crate::compaction::check::verify;
@@ -102,6 +103,18 @@ pub struct ReplayStats {
     pub requests_losing_user_words: usize,
     /// The first such loss, for diagnosis.
     pub first_user_words_lost: Option<String>,
+    /// File paths the agent named in its messages (tool-call arguments and text), summed
+    /// over compacted requests.
+    pub paths_named: u64,
+    /// Of those, the ones the forwarded request still names.
+    pub paths_kept: u64,
+    /// The first path a compacted request lost, for diagnosis.
+    pub first_path_lost: Option<String>,
+    /// Trail entries of forwarded digests that no action of the conversation produced,
+    /// summed over compacted requests.
+    pub trail_foreign: u64,
+    /// The first such entry, for diagnosis.
+    pub first_trail_foreign: Option<String>,
 }
 
 impl ReplayStats {
@@ -159,6 +172,22 @@ impl ReplayStats {
             self.first_user_words_lost =
                 o.first_user_words_lost.as_ref().map(|v| format!("{}: {v}", o.id));
         }
+        self.paths_named += o.paths_named;
+        self.paths_kept += o.paths_kept;
+        if self.first_path_lost.is_none() {
+            self.first_path_lost = o.first_path_lost.as_ref().map(|v| format!("{}: {v}", o.id));
+        }
+        self.trail_foreign += o.trail_foreign;
+        if self.first_trail_foreign.is_none() {
+            self.first_trail_foreign =
+                o.first_trail_foreign.as_ref().map(|v| format!("{}: {v}", o.id));
+        }
+    }
+
+    /// Share of the file paths named by the agent that compacted requests still named
+    /// (1 when no compacted request had any).
+    pub fn path_recall(&self) -> f64 {
+        if self.paths_named == 0 { 1.0 } else { self.paths_kept as f64 / self.paths_named as f64 }
     }
 
     /// The sums of `all` per family, in the families' name order.
@@ -312,7 +341,11 @@ pub async fn replay_conversation(
     let metered = Metered { inner: summarizer, prompts: Mutex::new(Vec::new()) };
     let (mut sent, mut whole) = (Meter::default(), Meter::default());
     let mut prices = TokenCache::default();
+    let mut named = std::collections::BTreeSet::new();
     for (i, m) in conv.messages.iter().enumerate() {
+        if i > 0 {
+            trail_check::add_paths_named(&conv.messages[i - 1], &mut named);
+        }
         if i == 0 || m.role() != Role::Assistant {
             continue;
         }
@@ -367,6 +400,21 @@ pub async fn replay_conversation(
             if stats.first_violation.is_none() {
                 stats.first_violation =
                     Some(format!("request {i}: check {}: {}", v.check, v.detail));
+            }
+        }
+        if let Outcome::Compacted { request: fwd, .. } = &outcome {
+            let still = trail_check::with_suffixes(trail_check::paths_anywhere(fwd.messages()));
+            stats.paths_named += named.len() as u64;
+            let lost: Vec<&String> = named.iter().filter(|p| !still.contains(*p)).collect();
+            stats.paths_kept += (named.len() - lost.len()) as u64;
+            let lost = lost.first();
+            if let (Some(lost), None) = (lost, &stats.first_path_lost) {
+                stats.first_path_lost = Some(format!("request {i}: {lost}"));
+            }
+            let foreign = trail_check::foreign_entries(request.messages(), fwd.messages());
+            stats.trail_foreign += foreign.len() as u64;
+            if let (Some(first), None) = (foreign.first(), &stats.first_trail_foreign) {
+                stats.first_trail_foreign = Some(format!("request {i}: {first}"));
             }
         }
         let mut counter = Counter { encoding, cache: &mut state.token_cache };
@@ -678,6 +726,14 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
             total.user_words_lost, total.requests_losing_user_words
         );
         println!(
+            "work trail: {:.1}% of the file paths the agent named still named by compacted \
+             requests ({} of {}); {} trail entries no action produced",
+            total.path_recall() * 100.0,
+            total.paths_kept,
+            total.paths_named,
+            total.trail_foreign
+        );
+        println!(
             "\nper family (cost in token-equivalents, cached prefix x{price}; whole: no \
              compaction; repeats: requests whose prefix repeats the previous one; calls: \
              summarizer calls; lost: small user messages not forwarded verbatim):"
@@ -688,6 +744,12 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
         }
         if let Some(v) = &total.first_user_words_lost {
             println!("first small user message lost: {v}");
+        }
+        if let Some(v) = &total.first_path_lost {
+            println!("first file path lost: {v}");
+        }
+        if let Some(v) = &total.first_trail_foreign {
+            println!("first trail entry no action produced: {v}");
         }
     }
     if total.violation_count() > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }

@@ -16,6 +16,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::budget::TokenRatio;
 use super::tokens::TokenCache;
+use super::trail::Trail;
 use super::units::{Unit, is_boundary};
 use crate::model::{Message, ModelError};
 
@@ -34,8 +35,12 @@ pub struct FoldBlock {
     pub verbatim: Vec<usize>,
     /// Which summarizer wrote the digest.
     pub summarizer: String,
-    /// Share of the range's artifacts found in the digest before missing ones were appended.
+    /// Share of the trail entries the digest shows that its summarizer named itself.
     pub artifact_recall: Option<f64>,
+    /// The work trail of the conversation up to `end` (`None`: stored before trails were
+    /// kept; rebuilt from the originals when needed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trail: Option<Trail>,
 }
 
 impl PartialEq for FoldBlock {

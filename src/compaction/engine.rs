@@ -11,9 +11,10 @@ use super::plan::{Goals, Item, Kind, Plan};
 use super::report::{Report, Tier};
 use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
+use super::trail::{Kind as TrailKind, State as TrailState, Trail};
 use super::units::{Unit, group_tail_start, turn_tail_start, units};
 use crate::config::CompactionConfig;
-use crate::model::{ChatRequest, Message, ModelError};
+use crate::model::{ChatRequest, Message, ModelError, Role};
 use crate::outline::Outline;
 use crate::summarizer::{DigestKind, Summarizer};
 
@@ -202,6 +203,7 @@ impl Engine {
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
         let mut report =
             Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
+        report.rereads = rereads(&state.blocks, msgs);
         let SessionState { blocks, token_cache, pending, cut, cut_postponed, .. } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
 
@@ -286,7 +288,7 @@ impl Engine {
                 {
                     let rules = FoldRules {
                         max_tokens: cfg.digest_max_tokens,
-                        artifact_tokens: cfg.artifact_max_tokens,
+                        trail_tokens: cfg.trail_max_tokens,
                         keep,
                         kind: DigestKind::Fold,
                         goal_keeps: None,
@@ -300,14 +302,15 @@ impl Engine {
                         forwarded: &previous,
                     };
                     // Digests do not pile up: once the stored ones outgrow one digest's
-                    // size, the new digest takes their place and carries what they held.
+                    // size (and a quarter more for the trail entries each added), the new
+                    // digest takes their place and carries what they held.
                     let stored_digests: usize = plan
                         .items
                         .iter()
                         .filter(|i| i.kind == Kind::Digest && i.pos < blocks_end)
                         .map(|i| i.tokens)
                         .sum();
-                    let absorb = stored_digests > cfg.digest_max_tokens + cfg.artifact_max_tokens;
+                    let absorb = stored_digests > cfg.digest_max_tokens * 5 / 4;
                     // Postponed: as the previous requests were forwarded when that fits,
                     // else with old work cut to fit, as long as no user message and
                     // nothing of the current turn is lost.
@@ -395,12 +398,12 @@ impl Engine {
                     .filter(batched)
                     .map(|i| i.tokens)
                     .sum::<usize>()
-                    .saturating_sub(cfg.digest_max_tokens + cfg.artifact_max_tokens);
+                    .saturating_sub(cfg.digest_max_tokens + cfg.trail_max_tokens);
                 let min_work = (budget.trigger - budget.target) / 2;
                 if end >= blocks_end && work >= min_work.max(1) {
                     let rules = FoldRules {
                         max_tokens: cfg.digest_max_tokens,
-                        artifact_tokens: cfg.artifact_max_tokens,
+                        trail_tokens: cfg.trail_max_tokens,
                         keep,
                         kind: DigestKind::GoalBatch,
                         goal_keeps,
@@ -561,6 +564,38 @@ impl Engine {
             plan.fixed + before_blocks + kept_in_region + self.cfg.digest_max_tokens + rest;
         if predicted > budget.target { tail1 } else { tail0 }
     }
+}
+
+/// How many files the newest assistant message of `msgs` reads that the stored `blocks`
+/// folded after it had read, edited or created them, and that no action after the
+/// blocks touched since: the agent reading again what it already had.
+fn rereads(blocks: &[FoldBlock], msgs: &[Arc<Message>]) -> usize {
+    let Some(last) = blocks.last() else { return 0 };
+    let Some(newest) = msgs.iter().rposition(|m| m.role() == Role::Assistant) else { return 0 };
+    if newest < last.end {
+        return 0;
+    }
+    let folded = match &last.trail {
+        Some(trail) => std::borrow::Cow::Borrowed(trail),
+        None => std::borrow::Cow::Owned(Trail::of(msgs, last.end)),
+    };
+    let reads = Trail::reads_of(&msgs[newest], folded.open_file.as_deref());
+    if reads.is_empty() {
+        return 0;
+    }
+    let mut since = Trail::default();
+    since.record(msgs, last.end, newest);
+    reads
+        .iter()
+        .filter(|path| {
+            let had = folded.get(TrailKind::File, path).is_some_and(|e| {
+                matches!(e.state, TrailState::Read | TrailState::Edited | TrailState::Created)
+            });
+            let touched =
+                since.get(TrailKind::File, path).is_some_and(|e| e.state != TrailState::Named);
+            had && !touched
+        })
+        .count()
 }
 
 fn same_messages(a: &[Arc<Message>], b: &[Arc<Message>]) -> bool {

@@ -8,8 +8,8 @@ use serde_json::value::RawValue;
 use super::blocks::{FoldBlock, range_hash};
 use super::keep::{Keep, UserClass};
 use super::plan::Forwarded;
+use super::trail::{self, Trail};
 use crate::model::{DIGEST_MARKER, Message, ModelError};
-use crate::summarizer::artifacts::{self, Artifact};
 use crate::summarizer::extractive;
 use crate::summarizer::{DigestKind, SharedPrefix, Summarizer, SummarizerError, SummaryInput};
 
@@ -18,8 +18,8 @@ use crate::summarizer::{DigestKind, SharedPrefix, Summarizer, SummarizerError, S
 pub struct FoldRules {
     /// The digest body should stay within about this many tokens.
     pub max_tokens: usize,
-    /// Artifacts the digest missed are appended within about this many tokens.
-    pub artifact_tokens: usize,
+    /// The work trail written into the digest takes at most about this many tokens.
+    pub trail_tokens: usize,
     /// Which messages stay verbatim.
     pub keep: Keep,
     /// What kind of digest to write.
@@ -117,11 +117,20 @@ pub async fn fold_after(
         Err(e) => (fallback(&input), "extractive", Some(e.to_string())),
     };
     let body = clip_chars(body.trim(), rules.max_tokens * 4);
-    let found = artifacts::extract(&input);
-    let missing = artifacts::missing(&found, &body);
-    let recall =
-        (!found.is_empty()).then(|| (found.len() - missing.len()) as f64 / found.len() as f64);
-    let body = append_artifacts(body, &missing, rules.artifact_tokens * 3);
+    // The work trail up to the region's end: the stored blocks' trail (rebuilt from the
+    // originals for blocks stored without one) with the region's actions merged in. A
+    // digest that takes the place of the stored ones carries all of it; one written after
+    // them, only what changed since theirs.
+    let base = match blocks.last() {
+        None => Trail::default(),
+        Some(last) => last.trail.clone().unwrap_or_else(|| Trail::of(msgs, last.end)),
+    };
+    let mut work = base.clone();
+    work.record(msgs, start, end);
+    let since = (!absorb && !blocks.is_empty()).then_some(&base);
+    let lines = work.render(since, rules.trail_tokens * TRAIL_CHARS_PER_TOKEN);
+    let recall = trail::recall(&work, since, &body);
+    let body = trail::complete(&body, &work, &lines);
     let digest = json!({"role": "assistant", "content": format!("{DIGEST_MARKER}\n{body}")});
 
     // What stays verbatim: in a fold, the absorbed blocks' verbatim messages and the
@@ -169,79 +178,18 @@ pub async fn fold_after(
         verbatim,
         summarizer: name.to_owned(),
         artifact_recall: recall,
+        trail: Some(work),
     };
     Ok(Some(Folded { block, error }))
 }
+
+/// Characters per token assumed when sizing the trail (paths and commands tokenize
+/// densely).
+const TRAIL_CHARS_PER_TOKEN: usize = 3;
 
 fn clip_chars(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((i, _)) => format!("{}…", &s[..i]),
         None => s.to_owned(),
-    }
-}
-
-/// Appends missing artifacts to the digest's "Key artifacts" section (creating it at the
-/// end if the digest does not end with one), within `max_chars`.
-fn append_artifacts(mut body: String, missing: &[&Artifact], max_chars: usize) -> String {
-    if missing.is_empty() {
-        return body;
-    }
-    let ends_with_artifacts =
-        body.rfind("\n## ").map_or(body.starts_with("## Key artifacts"), |i| {
-            body[i..].starts_with("\n## Key artifacts")
-        });
-    if !ends_with_artifacts {
-        body.push_str("\n\n## Key artifacts");
-    }
-    // One line per kind, in the order the kinds first appear, within `max_chars`.
-    let mut kinds: Vec<_> = Vec::new();
-    for a in missing {
-        if !kinds.contains(&a.kind) {
-            kinds.push(a.kind);
-        }
-    }
-    let mut used = 0;
-    for kind in kinds {
-        let mut line = format!("\n- {}:", kind.label());
-        let mut any = false;
-        for a in missing.iter().filter(|a| a.kind == kind) {
-            let item = format!(" {}{}", if any { "| " } else { "" }, a.text);
-            if used + line.len() + item.len() > max_chars {
-                break;
-            }
-            line.push_str(&item);
-            any = true;
-        }
-        if any {
-            used += line.len();
-            body.push_str(&line);
-        }
-    }
-    body
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::summarizer::artifacts::ArtifactKind;
-
-    #[test]
-    fn appends_into_existing_section_or_a_new_one() {
-        let a = Artifact { kind: ArtifactKind::Path, text: "src/a.rs".into() };
-        let out = append_artifacts(
-            "## Milestones\n- x\n\n## Key artifacts\n- Files: b.rs".into(),
-            &[&a],
-            100,
-        );
-        assert_eq!(out.matches("## Key artifacts").count(), 1);
-        assert!(out.ends_with("- Files: src/a.rs"));
-        let out = append_artifacts("## Milestones\n- x".into(), &[&a], 100);
-        assert!(out.ends_with("## Key artifacts\n- Files: src/a.rs"));
-        let out = append_artifacts("x".into(), &[&a], 5);
-        assert!(!out.contains("src/a.rs"));
-        let b = Artifact { kind: ArtifactKind::Path, text: "src/b.rs".into() };
-        let t = Artifact { kind: ArtifactKind::Test, text: "test_x".into() };
-        let out = append_artifacts("x".into(), &[&a, &t, &b], 200);
-        assert!(out.ends_with("- Files: src/a.rs | src/b.rs\n- Tests: test_x"), "{out}");
     }
 }

@@ -17,6 +17,7 @@ pub mod keep;
 pub mod plan;
 pub mod report;
 pub mod tokens;
+pub mod trail;
 pub mod units;
 
 pub use blocks::{FoldBlock, SessionState};

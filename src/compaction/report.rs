@@ -108,8 +108,11 @@ pub struct Report {
     pub summarizer: Option<String>,
     /// Why the summarizer failed, if it did (the extractive digest was used instead).
     pub summarizer_error: Option<String>,
-    /// Artifact recall of the new digest before missing artifacts were appended.
+    /// Share of the new digest's trail entries its summarizer named itself.
     pub artifact_recall: Option<f64>,
+    /// Files the request's newest action reads again although a fold already holds them
+    /// (read, edited or created) and nothing changed them since.
+    pub rereads: usize,
     /// The forwarded prompt fits `window - reserve`.
     pub fits: bool,
 }
@@ -149,6 +152,7 @@ impl Report {
             summarizer: None,
             summarizer_error: None,
             artifact_recall: None,
+            rereads: 0,
             fits: true,
         }
     }

@@ -34,8 +34,10 @@ pub struct CompactionConfig {
     pub max_context_tokens: Option<usize>,
     /// A new digest may take about this many tokens.
     pub digest_max_tokens: usize,
-    /// Artifacts a digest missed are appended to it within about this many tokens.
-    pub artifact_max_tokens: usize,
+    /// The work trail (files, commands, tests, errors) a digest carries takes at most
+    /// about this many tokens; past it, read-only files are summarized by directory first.
+    #[serde(alias = "artifact_max_tokens")]
+    pub trail_max_tokens: usize,
     /// Extra model table entries, matched before the built-in table.
     pub models: Vec<ModelEntry>,
     /// `enforce` forwards compacted requests; `observe` computes everything
@@ -74,7 +76,7 @@ impl Default for CompactionConfig {
             default_reserve_tokens: 4096,
             max_context_tokens: None,
             digest_max_tokens: 1200,
-            artifact_max_tokens: 300,
+            trail_max_tokens: 1500,
             models: Vec::new(),
             mode: CompactionMode::Enforce,
             prefetch: true,

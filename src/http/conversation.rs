@@ -371,6 +371,7 @@ impl<D: Dialect> Turn<'_, D> {
         if let Some(recall) = report.artifact_recall {
             metrics.artifact_recall.observe(recall);
         }
+        metrics.trail_rereads(route, report.rereads);
     }
 }
 

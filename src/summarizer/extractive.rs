@@ -2,8 +2,9 @@
 //!
 //! It lists what was done (tool calls with their key arguments and the first line of
 //! each result, shell commands of text-mode agents), what failed, what the user asked
-//! for, what I (the assistant) concluded, and the exact artifacts seen, in the digest
-//! sections of DESIGN.md. Every section has a share of a character budget derived from
+//! for and what I (the assistant) concluded, in the digest sections of DESIGN.md; the
+//! engine adds the "Key artifacts" section from the work trail
+//! ([`crate::compaction::trail`]). Every section has a share of a character budget derived from
 //! the token cap, so the digest is bounded whatever the input.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::artifacts::{self, ArtifactKind};
+use super::artifacts;
 use super::{DigestKind, Summarizer, SummarizerError, SummaryInput};
 use crate::model::{Message, Role, call_parts, is_user_words};
 
@@ -226,8 +227,8 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
                 }
             })
             .collect(),
-        4,
-        16,
+        2,
+        8,
     );
     let abandoned: Vec<String> = acts
         .iter()
@@ -274,38 +275,21 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
         })
         .unwrap_or_default();
 
-    let found = artifacts::extract(msgs);
-    let mut artifact_lines = Vec::new();
-    for kind in [
-        ArtifactKind::Path,
-        ArtifactKind::Command,
-        ArtifactKind::Error,
-        ArtifactKind::Test,
-        ArtifactKind::Identifier,
-    ] {
-        let items: Vec<&str> =
-            found.iter().filter(|a| a.kind == kind).map(|a| a.text.as_str()).collect();
-        if !items.is_empty() {
-            artifact_lines.push(format!("{}: {}", kind.label(), items.join(" | ")));
-        }
-    }
-
     let mut out = String::new();
     section(&mut out, "Standing facts & constraints", &facts, share(14));
-    section(&mut out, "Milestones", &milestones, share(30));
+    section(&mut out, "Milestones", &milestones, share(8));
     section(&mut out, "Key decisions", &decisions, share(8));
     section(&mut out, "Findings", &findings, share(10));
     section(&mut out, "Attempted & abandoned", &abandoned, share(8));
     section(&mut out, "Current state", &state, share(5));
     section(&mut out, "Open items", &open, share(5));
-    section(&mut out, "Key artifacts", &artifact_lines, share(20));
     out.trim_end().to_owned()
 }
 
 /// The extractive goal history of `msgs` (whole turns, earlier digests included), within
 /// about `max_tokens` tokens: the goal (the first user message), every user message in
 /// order (human direction), the lines earlier digests recorded as achieved, as dead ends
-/// and as constraints, the actions of the turns, and the exact artifacts.
+/// and as constraints, and the actions of the turns (the engine adds the work trail).
 pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     let budget = max_tokens.max(64) * 3;
     let share = |pct: usize| budget * pct / 100;
@@ -348,9 +332,6 @@ pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     dead_ends.extend(
         acts.iter().filter(|a| a.failed).map(|a| format!("{} failed: {}", a.what, a.result)),
     );
-    let found = artifacts::extract(msgs);
-    let artifact_lines: Vec<String> =
-        found.iter().map(|a| format!("{}: {}", a.kind.label(), a.text)).collect();
 
     let mut out = String::new();
     section(&mut out, "Goal arc", &goal, share(10));
@@ -358,7 +339,6 @@ pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     section(&mut out, "Achieved", &keep_ends(achieved, 4, 12), share(22));
     section(&mut out, "Dead ends", &keep_ends(dead_ends, 2, 6), share(10));
     section(&mut out, "Lasting constraints", &lasting, share(10));
-    section(&mut out, "Key artifacts", &artifact_lines, share(18));
     out.trim_end().to_owned()
 }
 
@@ -386,7 +366,6 @@ mod tests {
             "## Attempted & abandoned",
             "## Current state",
             "## Open items",
-            "## Key artifacts",
         ];
         let mut last = 0;
         for title in order {
@@ -396,7 +375,6 @@ mod tests {
         }
         assert!(d.contains("Never touch the public API"));
         assert!(d.contains("run(command=pytest tests/test_parser.py)"));
-        assert!(d.contains("src/parser.py"));
         assert_eq!(d, digest(&m, 800), "deterministic");
     }
 
