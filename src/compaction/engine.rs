@@ -646,3 +646,47 @@ fn with_block(
     report.blocks_new += 1;
     Ok(Some(built))
 }
+
+#[cfg(test)]
+mod trail_tests {
+    use super::*;
+    use crate::model::messages_from;
+    use serde_json::{Value, json};
+
+    fn call(id: &str, path: &str) -> Value {
+        json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
+            "function":{"name":"str_replace_editor","arguments":
+                json!({"command":"view","path":path}).to_string()}}]})
+    }
+
+    #[test]
+    fn a_read_of_a_folded_unchanged_file_is_a_reread() {
+        let msgs = messages_from(json!([
+            {"role":"user","content":"go"},
+            call("1","src/a.py"), {"role":"tool","tool_call_id":"1","content":"a"},
+            call("2","src/b.py"), {"role":"tool","tool_call_id":"2","content":"b"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"3","type":"function",
+                "function":{"name":"execute_bash","arguments":"{\"command\":\"sed -i s/x/y/ src/b.py\"}"}}]},
+            {"role":"tool","tool_call_id":"3","content":"[Command finished with exit code 0]"},
+            call("4","src/a.py"), {"role":"tool","tool_call_id":"4","content":"a"},
+        ]));
+        let block = |end: usize| FoldBlock {
+            start: 0,
+            end,
+            range_hash: 0,
+            messages: Vec::new(),
+            verbatim: Vec::new(),
+            summarizer: "extractive".into(),
+            artifact_recall: None,
+            trail: Some(Trail::of(&msgs, end)),
+        };
+        // src/a.py was read before the fold and nothing changed it: a re-read.
+        assert_eq!(rereads(&[block(5)], &msgs[..8]), 1);
+        // Without a fold, or when the read is of a file changed since, it is none.
+        assert_eq!(rereads(&[], &msgs[..8]), 0);
+        let again = messages_from(json!([call("5", "src/b.py")]));
+        let mut changed = msgs.clone();
+        changed.extend(again);
+        assert_eq!(rereads(&[block(5)], &changed), 0);
+    }
+}

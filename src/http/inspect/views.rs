@@ -72,8 +72,10 @@ pub fn detail(
     view
 }
 
-/// One fold block: the range it replaced, its digest, who wrote it and when.
+/// One fold block: the range it replaced, its digest, who wrote it and when, and the
+/// work trail of the conversation up to its end (one line per entry).
 fn block(b: &FoldBlock, record: &Record) -> Value {
+    let trail = b.trail.as_ref().map(|t| t.render(None, usize::MAX)).unwrap_or_default();
     let made =
         record.folds.iter().rev().find(|f| f.start as usize == b.start && f.end as usize == b.end);
     json!({
@@ -83,6 +85,7 @@ fn block(b: &FoldBlock, record: &Record) -> Value {
         "verbatim": b.verbatim,
         "summarizer": b.summarizer,
         "artifact_recall": b.artifact_recall,
+        "trail": trail,
         "folded_at": made.map(|f| f.at),
     })
 }

@@ -133,7 +133,10 @@
             b.verbatim.length + " kept verbatim"),
           el("div", { class: "meta" }, "by " + (b.summarizer || "–") + ", artifact recall " + recall),
           el("div", { class: "meta" }, "folded " + time(b.folded_at))),
-        el("pre", { class: "digest" }, b.digest)));
+        el("pre", { class: "digest" }, b.digest),
+        el("details", { class: "trail" },
+          el("summary", {}, "work trail up to this fold: " + (b.trail || []).length + " entries"),
+          el("pre", {}, (b.trail || []).join("\n")))));
     }
   }
 
