@@ -13,6 +13,7 @@ use foldgate::api::Api;
 use foldgate::commands::replay::{ReplayOptions, ReplayStats, replay_file_as};
 use foldgate::compaction::{Engine, Options};
 use foldgate::config::CompactionConfig;
+use foldgate::model::content_text;
 use foldgate::summarizer::{ExtractiveSummarizer, Summarizer};
 use serde_json::{Map, Value, json};
 
@@ -24,15 +25,7 @@ fn traces() -> PathBuf {
 
 /// The text of a chat `content` (a string or text parts).
 fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
+    content_text(Some(content))
 }
 
 /// A chat record as a Responses request body: messages as `message` items, calls as

@@ -2,8 +2,8 @@
 //!
 //! The engine calls a [`Summarizer`] once per new fold block. [`ExtractiveSummarizer`]
 //! builds the digest without a model; it is also the engine's fallback when another
-//! summarizer fails. [`llm`] asks a model for the digest. [`artifacts`] extracts the exact
-//! strings a digest must keep.
+//! summarizer fails. [`llm`] asks a model for the digest. [`artifacts`] tells the lines of a
+//! result that report an error.
 
 pub mod artifacts;
 pub mod extractive;
@@ -173,7 +173,8 @@ pub struct ModelPrompt {
 /// Writes the digest of a fold region: sections in the order of DESIGN.md ("Standing
 /// facts & constraints", "Milestones", "Key decisions", "Findings", "Attempted &
 /// abandoned", "Current state", "Open items", "Key artifacts"), each omitted when empty.
-/// The engine adds the `[COMPACTED CONTEXT]` marker; summarizers return the body only.
+/// The engine adds the `[COMPACTED CONTEXT]` marker and checks and completes "Key
+/// artifacts" from the work trail; summarizers return the body only.
 #[async_trait]
 pub trait Summarizer: Send + Sync {
     /// A short name for reports and metrics (`extractive`, `llm`).

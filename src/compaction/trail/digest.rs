@@ -1,8 +1,8 @@
 //! The trail in a digest: the "Key artifacts" section, a summarizer's own lines checked
 //! against the trail and completed from it.
 
+use super::Trail;
 use super::actions::is_path_word;
-use super::{Entry, Trail};
 
 /// The heading of the digest section the trail is written under.
 pub const KEY_ARTIFACTS: &str = "## Key artifacts";
@@ -90,11 +90,7 @@ fn take_section<'a>(body: &'a str, heading: &str) -> (String, Vec<&'a str>) {
 /// Share of the entries the trail shows since `since` that `body` (the summarizer's
 /// digest) already named; `None` when it shows none.
 pub fn recall(trail: &Trail, since: Option<&Trail>, body: &str) -> Option<f64> {
-    let fresh: Vec<&Entry> = trail
-        .entries
-        .iter()
-        .filter(|e| since.is_none_or(|s| s.get(e.kind, &e.subject) != Some(e)))
-        .collect();
+    let fresh = trail.changed_since(since);
     let named = fresh.iter().filter(|e| body.contains(e.subject.as_str())).count();
     (!fresh.is_empty()).then(|| named as f64 / fresh.len() as f64)
 }

@@ -351,6 +351,21 @@ impl Trail {
         });
     }
 
+    /// The entries that `since` does not hold with the same state and error (all of them
+    /// without `since`).
+    pub fn changed_since(&self, since: Option<&Trail>) -> Vec<&Entry> {
+        let Some(since) = since else { return self.entries.iter().collect() };
+        let old: HashMap<(Kind, &str), &Entry> =
+            since.entries.iter().map(|e| ((e.kind, e.subject.as_str()), e)).collect();
+        self.entries
+            .iter()
+            .filter(|e| {
+                old.get(&(e.kind, e.subject.as_str()))
+                    .is_none_or(|o| o.state != e.state || o.error != e.error)
+            })
+            .collect()
+    }
+
     /// The digest lines of the entries that `since` (the trail the digests before this
     /// one carried) does not hold as they are now; every entry without `since`. Within
     /// about `max_chars`: over it, read-only files are summarized by directory (oldest
@@ -358,16 +373,7 @@ impl Trail {
     /// files, failing tests and open errors are left out (oldest first), each with a line
     /// that says how many.
     pub fn render(&self, since: Option<&Trail>, max_chars: usize) -> Vec<String> {
-        let fresh: Vec<&Entry> = self
-            .entries
-            .iter()
-            .filter(|e| {
-                since.is_none_or(|s| {
-                    s.get(e.kind, &e.subject)
-                        .is_none_or(|old| old.state != e.state || old.error != e.error)
-                })
-            })
-            .collect();
+        let fresh = self.changed_since(since);
         let mut shown: Vec<Shown<'_>> = fresh.iter().map(|e| Shown::Entry(e)).collect();
         let total = |shown: &[Shown<'_>]| shown.iter().map(|s| s.line().len() + 1).sum::<usize>();
         if total(&shown) > max_chars {

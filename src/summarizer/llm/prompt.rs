@@ -47,7 +47,9 @@ Where the work stands at the end of this stretch: what is done, half done, or br
 Unanswered questions, blockers, and next steps already agreed.
 ## Key artifacts
 The exact strings I will need again, copied character for character, one per line: \
-file paths, function and type names, error messages, test names, commands.";
+function and type names, error messages, ids, settings. The files I touched, the \
+commands I ran and the tests with their results are listed after this memory from my \
+actions: name a file here only as part of a finding.";
 
 const GOAL_SECTIONS: &str = "\
 ## Goal arc
@@ -64,7 +66,9 @@ What I tried that did not work, and why I dropped it, so that I do not try it ag
 What still applies to the work ahead.
 ## Key artifacts
 The exact strings I will need again, copied character for character, one per line: \
-file paths, ids, function and type names, error messages, test names, commands.";
+ids, function and type names, error messages, settings. The files I touched, the \
+commands I ran and the tests with their results are listed after this history from my \
+actions.";
 
 /// The sections asked for a digest of `kind`, and what the digest is called.
 fn sections(kind: DigestKind) -> (&'static str, &'static str) {
