@@ -579,7 +579,13 @@ fn rereads(blocks: &[FoldBlock], msgs: &[Arc<Message>]) -> usize {
         Some(trail) => std::borrow::Cow::Borrowed(trail),
         None => std::borrow::Cow::Owned(Trail::of(msgs, last.end)),
     };
-    let reads = Trail::reads_of(&msgs[newest], folded.open_file.as_deref());
+    // Only files the fold held are candidates; the messages since are read only for them.
+    let mut reads = Trail::reads_of(&msgs[newest], folded.open_file.as_deref());
+    reads.retain(|path| {
+        folded.get(TrailKind::File, path).is_some_and(|e| {
+            matches!(e.state, TrailState::Read | TrailState::Edited | TrailState::Created)
+        })
+    });
     if reads.is_empty() {
         return 0;
     }
@@ -588,12 +594,7 @@ fn rereads(blocks: &[FoldBlock], msgs: &[Arc<Message>]) -> usize {
     reads
         .iter()
         .filter(|path| {
-            let had = folded.get(TrailKind::File, path).is_some_and(|e| {
-                matches!(e.state, TrailState::Read | TrailState::Edited | TrailState::Created)
-            });
-            let touched =
-                since.get(TrailKind::File, path).is_some_and(|e| e.state != TrailState::Named);
-            had && !touched
+            since.get(TrailKind::File, path).is_none_or(|e| e.state == TrailState::Named)
         })
         .count()
 }
