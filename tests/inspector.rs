@@ -147,6 +147,9 @@ async fn the_api_shows_scopes_and_forgets_sessions(
         assert!(block["end"].as_u64() > block["start"].as_u64(), "{block}");
         assert!(block["digest"].as_str().unwrap().contains("I read the modules"), "{block}");
         assert_eq!(block["summarizer"], "llm");
+        // The work trail up to the fold: the files the agent's read_file calls read.
+        let trail = block["trail"].as_array().unwrap();
+        assert!(trail.iter().any(|l| l == "- read: src/module_0.rs"), "{block}");
     }
     assert!(blocks.iter().any(|b| b["folded_at"].as_u64().is_some()), "{session}");
     let tiers: u64 = session["tiers"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).sum();
