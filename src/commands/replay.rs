@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
 
 use async_trait::async_trait;
 
@@ -115,6 +116,10 @@ pub struct ReplayStats {
     pub trail_foreign: u64,
     /// The first such entry, for diagnosis.
     pub first_trail_foreign: Option<String>,
+    /// SHA-256 (hex) of every body forwarded, in order (for the total: of the
+    /// conversations' hashes, in order): two runs forwarded the same bytes exactly when
+    /// their hashes are equal.
+    pub forwarded_sha256: String,
 }
 
 impl ReplayStats {
@@ -342,6 +347,7 @@ pub async fn replay_conversation(
     let (mut sent, mut whole) = (Meter::default(), Meter::default());
     let mut prices = TokenCache::default();
     let mut named = std::collections::BTreeSet::new();
+    let mut bodies = Sha256::new();
     for (i, m) in conv.messages.iter().enumerate() {
         if i > 0 {
             trail_check::add_paths_named(&conv.messages[i - 1], &mut named);
@@ -363,8 +369,17 @@ pub async fn replay_conversation(
             engine.count_prompt(&request, &budget, &mut state.token_cache)
         };
         let (forwarded, after) = match &outcome {
-            Outcome::Unchanged { .. } => (&request, before),
-            Outcome::Compacted { request: fwd, report, .. } => (fwd, report.tokens_after),
+            Outcome::Unchanged { .. } => {
+                let body = request.to_vec();
+                bodies.update((body.len() as u64).to_le_bytes());
+                bodies.update(body);
+                (&request, before)
+            }
+            Outcome::Compacted { request: fwd, report, body } => {
+                bodies.update((body.len() as u64).to_le_bytes());
+                bodies.update(body);
+                (fwd, report.tokens_after)
+            }
         };
         let encoding = budget.encoding;
         // Summarizer calls go out before the request they compact, after the previous one.
@@ -429,7 +444,13 @@ pub async fn replay_conversation(
             }
         }
     }
+    stats.forwarded_sha256 = hex(&bodies.finalize());
     Ok(stats)
+}
+
+/// Lower-case hexadecimal of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The indices of the user's own small messages of `original` (at most `max_tokens`
@@ -480,6 +501,7 @@ pub async fn replay_file_as(
     let file = std::fs::File::open(path).map_err(read_err)?;
     let mut all = Vec::new();
     let mut total = ReplayStats { id: "total".into(), ..ReplayStats::default() };
+    let mut hashes = Sha256::new();
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.map_err(read_err)?;
         if line.trim().is_empty() {
@@ -506,8 +528,10 @@ pub async fn replay_file_as(
         let summarizer = summarizer(model);
         let stats = replay_conversation(engine, &conv, summarizer.as_ref(), &opts.engine).await?;
         total.add(&stats);
+        hashes.update(stats.forwarded_sha256.as_bytes());
         all.push(stats);
     }
+    total.forwarded_sha256 = hex(&hashes.finalize());
     Ok((all, total))
 }
 
@@ -739,6 +763,7 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
              summarizer calls; lost: small user messages not forwarded verbatim):"
         );
         println!("{}", family_table(&all, &total, price));
+        println!("forwarded bodies: sha256 {}", total.forwarded_sha256);
         if let Some(v) = &total.first_violation {
             println!("first violation: {v}");
         }
