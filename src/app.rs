@@ -8,17 +8,17 @@ use std::time::Duration;
 use http::HeaderName;
 
 use crate::compaction::{Engine, SessionState};
-use crate::compactor::{Compactor, Sharing};
-use crate::config::{Config, StoreKind, SummarizerKind};
+use crate::config::{Config, StoreKind};
+use crate::conversation::{Conversations, Setup, Sharing, Summarizers};
 use crate::http::Server;
-use crate::http::conversation::{Conversations, Summarizers};
 use crate::http::inspect::Inspector;
 use crate::http::server::{Listeners, ServerError};
-use crate::metrics::{Metrics, StoreOp};
+use crate::http::turn::Turns;
+use crate::metrics::Metrics;
 use crate::session::{
-    MemoryStore, Observed, Operation, RedisOptions, RedisStore, SessionStore,
-    redis::RedisSetupError,
+    MemoryStore, Observed, RedisOptions, RedisStore, SessionStore, redis::RedisSetupError,
 };
+use crate::summarizer::SummarizerKind;
 use crate::summarizer::llm::LlmSummarizer;
 
 /// Why the proxy could not be assembled.
@@ -47,8 +47,8 @@ pub enum AppError {
 /// Builds the chat pipeline (engine, store, summarizer) and binds the server, which
 /// then runs on the caller's runtime (tests, embedding).
 pub async fn build_server(config: &Config) -> Result<Server, AppError> {
-    let (chat, metrics) = build_pipeline(config, None)?;
-    Ok(Server::bind(config, chat, metrics).await?)
+    let (turns, metrics) = build_pipeline(config, None)?;
+    Ok(Server::bind(config, turns, metrics).await?)
 }
 
 /// The chat pipeline and the metrics every connection thread shares. Compaction runs on
@@ -56,7 +56,7 @@ pub async fn build_server(config: &Config) -> Result<Server, AppError> {
 fn build_pipeline(
     config: &Config,
     compaction_runtime: Option<tokio::runtime::Handle>,
-) -> Result<(Conversations, Arc<Metrics>), AppError> {
+) -> Result<(Turns, Arc<Metrics>), AppError> {
     let metrics = Arc::new(Metrics::new()?);
     let store = session_store(config, &metrics)?;
     let summarizers = match config.summarizer.kind {
@@ -70,27 +70,24 @@ fn build_pipeline(
     let inspector = config.admin.enabled().then(|| {
         Arc::new(Inspector::new(store.clone(), config.admin.history, config.admin.tenant_view))
     });
-    let chat = Conversations {
-        compactor: Compactor::sharing(
-            Engine::new(config.compaction.clone()),
-            store,
-            config.compaction.mode,
-            Sharing {
-                ttl: config.session.ttl,
-                max_sessions: config.session.max_sessions,
-                // A summarizer call, then the save of its block.
-                lease_ttl: config.summarizer.timeout + Duration::from_secs(10),
-                digest_wait: config.summarizer.timeout,
-            },
-        ),
+    let conversations = Conversations::from_setup(Setup {
+        engine: Engine::new(config.compaction.clone()),
+        store,
+        mode: config.compaction.mode,
+        sharing: Sharing {
+            ttl: config.session.ttl,
+            max_sessions: config.session.max_sessions,
+            // A summarizer call, then the save of its block.
+            lease_ttl: config.summarizer.timeout + Duration::from_secs(10),
+            digest_wait: config.summarizer.timeout,
+        },
         summarizers,
-        session_header,
-        enabled: config.compaction.enabled,
-        compaction_runtime,
-        inspector,
-        messages: crate::http::dialect::Messages::default(),
-    };
-    Ok((chat, metrics))
+        metrics: Some(metrics.clone()),
+        runtime: compaction_runtime,
+    });
+    let turns =
+        Turns { conversations, session_header, enabled: config.compaction.enabled, inspector };
+    Ok((turns, metrics))
 }
 
 /// The configured session store, each operation timed into `metrics`.
@@ -112,15 +109,7 @@ fn session_store(
     let metrics = metrics.clone();
     Ok(Arc::new(Observed::new(
         store,
-        Box::new(move |op, elapsed, failed| {
-            let op = match op {
-                Operation::Load => StoreOp::Load,
-                Operation::Save => StoreOp::Save,
-                Operation::Lease => StoreOp::Lease,
-                Operation::Release => StoreOp::Release,
-            };
-            metrics.observe_store(op, elapsed, failed);
-        }),
+        Box::new(move |op, elapsed, failed| metrics.observe_store(op, elapsed, failed)),
     )))
 }
 
@@ -151,7 +140,7 @@ fn run(config: &Config) -> Result<(), AppError> {
         .enable_all()
         .build()
         .map_err(AppError::Runtime)?;
-    let (chat, metrics) = {
+    let (turns, metrics) = {
         // The LLM summarizer's client needs a runtime context to be built.
         let _context = compaction.enter();
         build_pipeline(config, Some(compaction.handle().clone()))?
@@ -164,7 +153,7 @@ fn run(config: &Config) -> Result<(), AppError> {
     for index in 0..workers {
         let listeners = if index == 0 { listeners.share_all() } else { listeners.share() };
         let listeners = listeners.map_err(AppError::Runtime)?;
-        let (config, chat, metrics) = (config.clone(), chat.clone(), metrics.clone());
+        let (config, turns, metrics) = (config.clone(), turns.clone(), metrics.clone());
         let (mut stopped, started) = (stopped.clone(), started_tx.clone());
         let thread = std::thread::Builder::new()
             .name(format!("foldgate-conn-{index}"))
@@ -175,7 +164,7 @@ fn run(config: &Config) -> Result<(), AppError> {
                         Err(e) => return drop(started.send(Err(AppError::Runtime(e)))),
                     };
                 runtime.block_on(async move {
-                    let server = match Server::on(&config, listeners, chat, metrics, index == 0) {
+                    let server = match Server::on(&config, listeners, turns, metrics, index == 0) {
                         Ok(server) => server,
                         Err(e) => return drop(started.send(Err(e.into()))),
                     };

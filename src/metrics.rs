@@ -1,8 +1,13 @@
 //! Prometheus metrics: one [`Metrics`] struct created at start-up, every name and help
 //! text in this file, labels bounded by construction (typed label enums, normalised model
-//! names; never sessions, tenants, paths with ids or prompt text).
+//! names; never sessions, tenants, paths with ids or prompt text). The values of the
+//! labels every stage shares (outcome, tier, failure reason, store operation,
+//! summarizer) are the words of [`crate::vocab`]; the labels only this module knows
+//! (route, overflow retry, window event) are defined here.
 
 use std::sync::OnceLock;
+
+use crate::vocab::{FailureReason, Outcome, StoreOp, SummarizerKind, Tier};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
@@ -74,116 +79,6 @@ pub fn status_class(status: u16) -> &'static str {
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-/// A session store operation, the `op` label of the store metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreOp {
-    /// Reading a conversation's state.
-    Load,
-    /// Writing it (a conditional save).
-    Save,
-    /// Taking a summarization lease.
-    Lease,
-    /// Giving a lease back.
-    Release,
-}
-
-impl StoreOp {
-    /// Every operation.
-    pub const ALL: [Self; 4] = [Self::Load, Self::Save, Self::Lease, Self::Release];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Load => "load",
-            Self::Save => "save",
-            Self::Lease => "lease",
-            Self::Release => "release",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// What happened to a chat request, the `outcome` label of `chat_requests_total` (and,
-/// for `Compacted` and `Observed`, of `compactions_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Forwarded as received (below the trigger).
-    Passthrough,
-    /// A compacted body was forwarded.
-    Compacted,
-    /// Observe mode: compacted, but forwarded as received.
-    Observed,
-    /// Compaction failed; forwarded as received.
-    FailedOpen,
-    /// A body foldgate does not understand, forwarded as is.
-    NotChat,
-    /// Compaction is off.
-    Disabled,
-}
-
-impl Outcome {
-    /// Every outcome.
-    pub const ALL: [Self; 6] = [
-        Self::Passthrough,
-        Self::Compacted,
-        Self::Observed,
-        Self::FailedOpen,
-        Self::NotChat,
-        Self::Disabled,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Passthrough => "passthrough",
-            Self::Compacted => "compacted",
-            Self::Observed => "observed",
-            Self::FailedOpen => "failed_open",
-            Self::NotChat => "not_chat",
-            Self::Disabled => "disabled",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// The highest compaction tier applied, the `tier` label of `compactions_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tier {
-    /// `0`: stored fold blocks only.
-    Reuse,
-    /// `1`: elide.
-    Elide,
-    /// `2`: fold.
-    Fold,
-    /// `3`: goal batch.
-    GoalBatch,
-    /// `4`: fallback cut.
-    Fallback,
-}
-
-impl Tier {
-    /// Every tier.
-    pub const ALL: [Self; 5] =
-        [Self::Reuse, Self::Elide, Self::Fold, Self::GoalBatch, Self::Fallback];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Reuse => "0",
-            Self::Elide => "1",
-            Self::Fold => "2",
-            Self::GoalBatch => "3",
-            Self::Fallback => "4",
-        }
-    }
-}
-
 /// The result of an overflow retry, the `result` label of `overflow_retries_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverflowRetry {
@@ -202,70 +97,6 @@ impl OverflowRetry {
         match self {
             Self::Retried => "retried",
             Self::NothingToCompact => "nothing_to_compact",
-        }
-    }
-}
-
-/// Which summarizer made a call, the `summarizer` label of
-/// `summarizer_duration_seconds`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SummarizerName {
-    /// A model call.
-    Llm,
-    /// The extractive digest.
-    Extractive,
-}
-
-impl SummarizerName {
-    /// Every summarizer.
-    pub const ALL: [Self; 2] = [Self::Llm, Self::Extractive];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Llm => "llm",
-            Self::Extractive => "extractive",
-        }
-    }
-}
-
-/// Why a summarizer call failed, the `reason` label of `summarizer_failures_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SummarizerFailure {
-    /// The call exceeded its timeout.
-    Timeout,
-    /// The endpoint answered with a non-2xx status.
-    Status,
-    /// Connect, TLS or I/O error.
-    Transport,
-    /// A 2xx answer without usable digest text.
-    InvalidResponse,
-    /// The circuit breaker was open; no call was made.
-    CircuitOpen,
-    /// Any other failure.
-    Failed,
-}
-
-impl SummarizerFailure {
-    /// Every reason.
-    pub const ALL: [Self; 6] = [
-        Self::Timeout,
-        Self::Status,
-        Self::Transport,
-        Self::InvalidResponse,
-        Self::CircuitOpen,
-        Self::Failed,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Timeout => "timeout",
-            Self::Status => "status",
-            Self::Transport => "transport",
-            Self::InvalidResponse => "invalid_response",
-            Self::CircuitOpen => "circuit_open",
-            Self::Failed => "failed",
         }
     }
 }
@@ -582,7 +413,7 @@ impl Metrics {
                 self.compactions.with_label_values(&[tier.as_str(), outcome.as_str()]);
             }
         }
-        for summarizer in SummarizerName::ALL {
+        for summarizer in SummarizerKind::ALL {
             self.summarizer_duration.with_label_values(&[summarizer.as_str()]);
         }
         for route in Route::COMPACTED {
@@ -591,7 +422,7 @@ impl Metrics {
             }
             self.trail_rereads.with_label_values(&[route.as_str()]);
         }
-        for reason in SummarizerFailure::ALL {
+        for reason in FailureReason::ALL {
             self.summarizer_failures.with_label_values(&[reason.as_str()]);
         }
         for result in OverflowRetry::ALL {
@@ -673,9 +504,9 @@ impl Metrics {
     /// Records one summarizer call: its duration, and why it failed when it did.
     pub fn summarizer_call(
         &self,
-        summarizer: SummarizerName,
+        summarizer: SummarizerKind,
         seconds: f64,
-        failure: Option<SummarizerFailure>,
+        failure: Option<FailureReason>,
     ) {
         self.summarizer_duration.with_label_values(&[summarizer.as_str()]).observe(seconds);
         if let Some(reason) = failure {

@@ -147,8 +147,8 @@ struct Failing;
 
 #[async_trait]
 impl Summarizer for Failing {
-    fn name(&self) -> &'static str {
-        "failing"
+    fn kind(&self) -> foldgate::summarizer::SummarizerKind {
+        foldgate::summarizer::SummarizerKind::Llm
     }
     async fn summarize(&self, _: SummaryInput<'_>) -> Result<String, SummarizerError> {
         Err(SummarizerError::Timeout)

@@ -310,8 +310,8 @@ struct Metered<'a> {
 
 #[async_trait]
 impl Summarizer for Metered<'_> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn kind(&self) -> crate::vocab::SummarizerKind {
+        self.inner.kind()
     }
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {

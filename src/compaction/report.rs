@@ -1,55 +1,11 @@
 //! What the engine did to one request.
 
-use serde::{Serialize, Serializer};
+use serde::Serialize;
+
+pub use crate::vocab::Tier;
 
 use super::budget::Budget;
 use super::plan::Plan;
-
-/// How deep the engine went for one request; ordered, so a deeper tier compares greater.
-/// Serialized, displayed and compared as its number (0 to 4).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Tier {
-    /// 0: nothing new taken out; stored fold blocks, if any, reused.
-    #[default]
-    Reuse = 0,
-    /// 1: tool output and old content elided to stubs.
-    Elide = 1,
-    /// 2: old turns folded into a digest.
-    Fold = 2,
-    /// 3: old digests and turns batched under the goal.
-    GoalBatch = 3,
-    /// 4: the fallback cut.
-    Fallback = 4,
-}
-
-impl Tier {
-    /// Every tier, shallowest first.
-    pub const ALL: [Self; 5] =
-        [Self::Reuse, Self::Elide, Self::Fold, Self::GoalBatch, Self::Fallback];
-
-    /// The tier's number, as headers, logs and reports show it.
-    pub fn number(self) -> u8 {
-        self as u8
-    }
-}
-
-impl std::fmt::Display for Tier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.number())
-    }
-}
-
-impl PartialEq<u8> for Tier {
-    fn eq(&self, number: &u8) -> bool {
-        self.number() == *number
-    }
-}
-
-impl Serialize for Tier {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u8(self.number())
-    }
-}
 
 /// The report of one `compact` call (serializable for `--report-json` and logs).
 #[derive(Debug, Clone, PartialEq, Serialize)]

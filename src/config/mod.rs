@@ -19,11 +19,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::vocab::SummarizerKind;
 pub use admin::AdminConfig;
 pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
 pub use secret::{Secret, SecretUrl};
-pub use session::{SessionConfig, StoreKind, SummarizerConfig, SummarizerKind};
+pub use session::{SessionConfig, StoreKind, SummarizerConfig};
 
 /// The shipped configuration file, every option with its default.
 pub const DEFAULT_CONFIG_TOML: &str = include_str!("../../config/foldgate.toml");

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Secret, SecretUrl};
+use crate::vocab::SummarizerKind;
 
 /// `[session]`: how requests are grouped into conversations and how long state is kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,16 +54,6 @@ impl Default for SessionConfig {
             redis_timeout: Duration::from_millis(200),
         }
     }
-}
-
-/// Which summarizer writes digests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SummarizerKind {
-    /// A chat completion to a model (falls back to extractive while it fails).
-    Llm,
-    /// Deterministic digests built without a model.
-    Extractive,
 }
 
 /// `[summarizer]`: the model call that writes digests.

@@ -1,12 +1,13 @@
-//! The HTTP side: listener, tower stack, router, passthrough and upstream client.
-//! The only module that imports hyper, http and tower.
+//! The edge: listener, tower stack, router, the one handler of compacted routes (and the
+//! turn it walks a request through), passthrough, upstream pool, and the dialects (the
+//! API shapes at the edge). The only module that imports hyper, http and tower (with
+//! the model summarizer's own small client).
 
 mod body;
-pub mod chat;
 mod connections;
-pub mod conversation;
 pub mod dialect;
 mod error;
+pub mod handler;
 mod headers;
 pub mod inspect;
 pub mod layers;
@@ -17,6 +18,7 @@ mod routes;
 pub mod server;
 pub mod session_key;
 pub mod sse;
+pub mod turn;
 pub mod upstream;
 pub mod usage_tap;
 

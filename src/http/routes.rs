@@ -12,12 +12,12 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, full};
-use super::chat;
-use super::conversation::Conversations;
-use super::dialect::{ChatCompletions, Dialect, Responses};
+use super::dialect::{ChatCompletions, Dialect, Messages, Responses};
 use super::error::ProxyError;
+use super::handler;
 use super::linger::UnreadBody;
 use super::passthrough;
+use super::turn::Turns;
 use super::upstream::Upstream;
 use crate::metrics::{Metrics, Route};
 
@@ -31,8 +31,8 @@ pub struct AppState {
     pub max_body: u64,
     /// Listener up and not draining.
     pub ready: AtomicBool,
-    /// The conversation service of compacted routes.
-    pub chat: Conversations,
+    /// What the compacted routes share (the conversation stage, the inspector).
+    pub turns: Turns,
     /// Every metric.
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served on the proxy port (`None`: disabled or elsewhere).
@@ -87,11 +87,11 @@ async fn compacted<D: Dialect>(
     request: Request<Incoming>,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
-    let response = chat::handle(
+    let response = handler::handle(
         dialect,
         upstream,
         state.max_body,
-        &state.chat,
+        &state.turns,
         &state.metrics,
         request,
         progress.clone(),
@@ -129,7 +129,7 @@ async fn dispatch(
             compacted(state, &Responses, &state.upstream, request, progress).await
         }
         (&Method::POST, "/v1/messages") => {
-            compacted(state, &state.chat.messages, &state.anthropic, request, progress).await
+            compacted(state, &Messages, &state.anthropic, request, progress).await
         }
         // Anthropic's API beside OpenAI's: one foldgate serves both kinds of client.
         (_, p) if is_anthropic(p) => (
@@ -155,7 +155,7 @@ async fn dispatch(
             .await,
         ),
         (_, p) if p.starts_with("/foldgate/") => {
-            let inspector = state.chat.inspector.as_deref();
+            let inspector = state.turns.inspector.as_deref();
             let (method, headers) = (request.method(), request.headers());
             (Route::Local, super::inspect::tenant::handle(inspector, method, p, headers).await)
         }

@@ -14,11 +14,11 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
-use super::conversation::Conversations;
 use super::inspect::admin::{self, Admin};
 use super::layers::{AccessLogLayer, RequestIdLayer};
 use super::linger::{LINGER_SLACK, Linger, LingerFlag, LingerIo};
 use super::routes::{AppState, Router};
+use super::turn::Turns;
 use super::upstream::{Upstream, UpstreamSetupError};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -104,14 +104,14 @@ fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 impl Server {
-    /// Binds `config.server.listen` and builds the upstream client; `chat` serves the
-    /// compacted routes (chat completions).
+    /// Binds `config.server.listen` and builds the upstream client; `turns` serves the
+    /// compacted routes.
     pub async fn bind(
         config: &Config,
-        chat: Conversations,
+        turns: Turns,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
-        Self::on(config, Listeners::bind(config)?, chat, metrics, true)
+        Self::on(config, Listeners::bind(config)?, turns, metrics, true)
     }
 
     /// A server accepting on `listeners`, with an upstream pool of its own. Must be
@@ -120,7 +120,7 @@ impl Server {
     pub fn on(
         config: &Config,
         listeners: Listeners,
-        chat: Conversations,
+        turns: Turns,
         metrics: Arc<Metrics>,
         housekeeping: bool,
     ) -> Result<Self, ServerError> {
@@ -134,7 +134,7 @@ impl Server {
             anthropic,
             max_body: config.server.max_body_size.0,
             ready: false.into(),
-            chat,
+            turns,
             metrics,
             metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
                 .then(|| config.metrics.path.clone()),
@@ -149,7 +149,7 @@ impl Server {
             )),
             None => None,
         };
-        let admin_listener = match (listeners.admin, &state.chat.inspector) {
+        let admin_listener = match (listeners.admin, &state.turns.inspector) {
             (Some(listener), Some(inspector)) => Some((
                 TcpListener::from_std(listener).map_err(|source| ServerError::Bind {
                     addr: config.admin.listen.unwrap_or(addr),
@@ -247,6 +247,7 @@ impl Server {
         self.state.ready.store(false, Ordering::Release);
         drop(self.listener);
         tracing::info!(grace = %humantime::format_duration(self.grace), "draining in-flight requests");
+        let draining = std::time::Instant::now();
         match tokio::time::timeout(self.grace, graceful.shutdown()).await {
             Ok(()) => tracing::info!("all connections closed"),
             Err(_) => tracing::warn!(
@@ -254,6 +255,9 @@ impl Server {
                 "shutdown grace period over; closing remaining connections"
             ),
         }
+        // Folds summarized in the background finish within what is left of the grace.
+        let left = self.grace.saturating_sub(draining.elapsed());
+        self.state.turns.conversations.drain(left).await;
         connections.abort_all();
         if let Some(task) = sweeper {
             task.abort();
@@ -318,12 +322,12 @@ async fn sweep_sessions(state: Arc<AppState>) {
     let mut ticks: u64 = 0;
     loop {
         tick.tick().await;
-        state.chat.compactor.refresh_windows().await;
+        state.turns.conversations.refresh_windows().await;
         ticks += 1;
         if ticks % 12 != 1 {
             continue;
         }
-        let store = state.chat.compactor.store();
+        let store = state.turns.conversations.store();
         let dropped = store.sweep();
         let active = store.active_sessions();
         state.metrics.active_sessions.set(i64::try_from(active).unwrap_or(i64::MAX));

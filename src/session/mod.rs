@@ -3,7 +3,8 @@
 //! same work twice.
 //!
 //! Stores are generic over the state they keep, so this module depends on nothing else
-//! of the crate; keys are hashes, never raw session ids or credentials.
+//! of the crate but its vocabulary ([`crate::vocab`]); keys are hashes, never raw
+//! session ids or credentials.
 
 pub mod locks;
 pub mod memory;
@@ -17,7 +18,7 @@ use async_trait::async_trait;
 
 pub use locks::{SessionGuard, SessionLocks};
 pub use memory::MemoryStore;
-pub use observed::{Observed, Operation};
+pub use observed::Observed;
 pub use record::{Record, RecordUpdate, Summary};
 pub use redis::{RedisOptions, RedisStore};
 

@@ -6,25 +6,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::vocab::StoreOp;
+
 use super::{
     Lease, Loaded, Record, RecordUpdate, Saved, SessionKey, SessionStore, StoreError, Summary,
 };
 
-/// A store operation, as reported to the observer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    /// [`SessionStore::load`].
-    Load,
-    /// [`SessionStore::save`].
-    Save,
-    /// [`SessionStore::try_lease`].
-    Lease,
-    /// [`SessionStore::release`].
-    Release,
-}
-
 /// Receives the duration of each operation and whether it failed.
-pub type Observer = Box<dyn Fn(Operation, Duration, bool) + Send + Sync>;
+pub type Observer = Box<dyn Fn(StoreOp, Duration, bool) + Send + Sync>;
 
 /// Wraps a store and reports each of its operations to an observer.
 pub struct Observed<S> {
@@ -38,7 +27,7 @@ impl<S> Observed<S> {
         Self { inner, observer }
     }
 
-    fn report<T>(&self, op: Operation, started: Instant, result: &Result<T, StoreError>) {
+    fn report<T>(&self, op: StoreOp, started: Instant, result: &Result<T, StoreError>) {
         (self.observer)(op, started.elapsed(), result.is_err());
     }
 }
@@ -56,14 +45,14 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
     async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<S>>, StoreError> {
         let started = Instant::now();
         let result = self.inner.load(key).await;
-        self.report(Operation::Load, started, &result);
+        self.report(StoreOp::Load, started, &result);
         result
     }
 
     async fn save(&self, key: &SessionKey, state: S, revision: u64) -> Result<Saved, StoreError> {
         let started = Instant::now();
         let result = self.inner.save(key, state, revision).await;
-        self.report(Operation::Save, started, &result);
+        self.report(StoreOp::Save, started, &result);
         result
     }
 
@@ -74,14 +63,14 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
     ) -> Result<Option<Lease>, StoreError> {
         let started = Instant::now();
         let result = self.inner.try_lease(key, ttl).await;
-        self.report(Operation::Lease, started, &result);
+        self.report(StoreOp::Lease, started, &result);
         result
     }
 
     async fn release(&self, key: &SessionKey, lease: Lease) -> Result<(), StoreError> {
         let started = Instant::now();
         let result = self.inner.release(key, lease).await;
-        self.report(Operation::Release, started, &result);
+        self.report(StoreOp::Release, started, &result);
         result
     }
 
@@ -145,10 +134,10 @@ mod tests {
         assert_eq!(
             *seen.lock().unwrap(),
             [
-                (Operation::Save, false),
-                (Operation::Load, false),
-                (Operation::Lease, false),
-                (Operation::Release, false)
+                (StoreOp::Save, false),
+                (StoreOp::Load, false),
+                (StoreOp::Lease, false),
+                (StoreOp::Release, false)
             ]
         );
     }

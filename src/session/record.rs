@@ -12,23 +12,10 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use crate::vocab::Outcome;
+
 /// Number of tiers counted (0 to 4, see `compaction::Tier`).
 pub const TIERS: usize = 5;
-
-/// What happened to a request, as the inspector shows it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RequestOutcome {
-    /// Forwarded as it came (below the trigger).
-    #[default]
-    Passthrough,
-    /// A compacted body was forwarded.
-    Compacted,
-    /// Shadow mode: computed, the original forwarded.
-    Observed,
-    /// Compaction failed; the original was forwarded.
-    FailedOpen,
-}
 
 /// One request of a conversation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -43,7 +30,7 @@ pub struct RequestEntry {
     /// Deepest compaction tier applied (0 to 4).
     pub tier: u8,
     /// What happened.
-    pub outcome: RequestOutcome,
+    pub outcome: Outcome,
     /// Milliseconds it waited for a digest.
     pub wait_ms: u32,
     /// Fold blocks it made.
@@ -205,7 +192,7 @@ mod tests {
         let record: Record = serde_json::from_str(old).unwrap();
         assert_eq!(record.summary.requests, 3);
         assert_eq!(record.requests[0].tokens_before, 9);
-        assert_eq!(record.requests[0].outcome, RequestOutcome::Passthrough);
+        assert_eq!(record.requests[0].outcome, Outcome::Passthrough);
         assert!(record.folds.is_empty());
     }
 }

@@ -22,8 +22,8 @@ pub struct ExtractiveSummarizer;
 
 #[async_trait]
 impl Summarizer for ExtractiveSummarizer {
-    fn name(&self) -> &'static str {
-        "extractive"
+    fn kind(&self) -> crate::vocab::SummarizerKind {
+        crate::vocab::SummarizerKind::Extractive
     }
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {

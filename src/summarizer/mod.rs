@@ -15,6 +15,8 @@ use async_trait::async_trait;
 
 pub use extractive::ExtractiveSummarizer;
 
+pub use crate::vocab::{FailureReason, SummarizerKind};
+
 use crate::model::Message;
 
 /// Errors of a summarizer. On any of them but [`SummarizerError::Deferred`] the engine
@@ -62,55 +64,6 @@ impl SummarizerError {
             Self::Transport(_) => Some(FailureReason::Transport),
             Self::InvalidResponse(_) => Some(FailureReason::InvalidResponse),
         }
-    }
-}
-
-/// Why a summarizer call failed: a small closed set, usable as a metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailureReason {
-    /// The call (including the wait for a concurrency permit) exceeded its timeout.
-    Timeout,
-    /// The model endpoint answered with a non-2xx status.
-    Status,
-    /// Connect, TLS or I/O error.
-    Transport,
-    /// A 2xx answer without usable digest text.
-    InvalidResponse,
-    /// The circuit breaker is open; no call was made.
-    CircuitOpen,
-}
-
-impl FailureReason {
-    /// Every reason, in a fixed order (for counters and metric registration).
-    pub const ALL: [Self; 5] =
-        [Self::Timeout, Self::Status, Self::Transport, Self::InvalidResponse, Self::CircuitOpen];
-
-    /// The label: `timeout`, `status`, `transport`, `invalid_response`, `circuit_open`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Timeout => "timeout",
-            Self::Status => "status",
-            Self::Transport => "transport",
-            Self::InvalidResponse => "invalid_response",
-            Self::CircuitOpen => "circuit_open",
-        }
-    }
-
-    /// Position in [`FailureReason::ALL`].
-    pub fn index(self) -> usize {
-        match self {
-            Self::Timeout => 0,
-            Self::Status => 1,
-            Self::Transport => 2,
-            Self::InvalidResponse => 3,
-            Self::CircuitOpen => 4,
-        }
-    }
-}
-
-impl std::fmt::Display for FailureReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -177,8 +130,14 @@ pub struct ModelPrompt {
 /// artifacts" from the work trail; summarizers return the body only.
 #[async_trait]
 pub trait Summarizer: Send + Sync {
-    /// A short name for reports and metrics (`extractive`, `llm`).
-    fn name(&self) -> &'static str;
+    /// What writes the digests: a model, or the extractive digest. A wrapper gives the
+    /// kind of what it wraps.
+    fn kind(&self) -> SummarizerKind;
+
+    /// The kind's name, for reports and logs (`extractive`, `llm`).
+    fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
 
     /// The digest body for `input`.
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError>;

@@ -9,7 +9,7 @@ use http::HeaderMap;
 use super::Dialect;
 use crate::api;
 use crate::compaction::{Engine, Options, Report};
-use crate::compactor::Rewritten;
+use crate::conversation::Rewritten;
 use crate::http::session_key::session_key_of_outline;
 use crate::metrics::Route;
 use crate::model::ChatRequest;

@@ -8,7 +8,7 @@
 //! encoder, then calibrated from the `usage` the upstream reports (input plus cache read
 //! and creation tokens) against what the engine counted for the same forwarded body: per
 //! conversation, in its session state (`SessionState::token_ratio`), and per model
-//! ([`Calibration`]) for conversations not measured yet. A conversation whose prompts
+//! ([`crate::learned::Calibration`]) for conversations not measured yet. A conversation whose prompts
 //! count more than the engine's estimate is planned against a window shrunk by its ratio.
 //!
 //! The model summarizer asks these conversations' digests of Anthropic, in a Messages
@@ -16,32 +16,23 @@
 //! an Anthropic key must not go there), unless `summarizer.api_key` names a summarizer
 //! of its own. A Claude subscription's OAuth token is never used for digests.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use bytes::Bytes;
-use http::{HeaderMap, Response};
+use http::HeaderMap;
 
 use super::{Dialect, byte_bound};
 use crate::api::{self, Origins};
-use crate::compaction::{Engine, Options, Report, TokenRatio};
-use crate::compactor::Rewritten;
-use crate::http::body::ProxyBody;
-use crate::http::conversation::Counted;
+use crate::compaction::{Engine, Options, Report};
+use crate::conversation::Rewritten;
 use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
-use crate::http::usage_tap::{OnUsage, tapped_with};
-use crate::metrics::{Metrics, Route};
+use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
 
-/// Anthropic's Messages API. Holds the per-model token calibration (the prior of new
-/// conversations; each conversation keeps its own once measured).
-#[derive(Debug, Clone, Default)]
-pub struct Messages {
-    calibration: Arc<Calibration>,
-}
+/// Anthropic's Messages API.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Messages;
 
 /// What the scan reads of a Messages body: the outline of its `messages` (the scan of
 /// chat bodies reads them, as they are objects with a `role`) and the body, whose other
@@ -50,13 +41,6 @@ pub struct Messages {
 pub struct MessagesOutline<'a> {
     outline: Outline<'a>,
     body: &'a [u8],
-}
-
-impl Messages {
-    /// The calibration of this dialect's token counts.
-    pub fn calibration(&self) -> &Calibration {
-        &self.calibration
-    }
 }
 
 impl Dialect for Messages {
@@ -126,25 +110,8 @@ impl Dialect for Messages {
         is_prompt_too_long(error_body)
     }
 
-    fn tap_turn_usage(
-        &self,
-        response: Response<ProxyBody>,
-        metrics: &Arc<Metrics>,
-        model: Option<&'static str>,
-        counted: Option<Counted>,
-    ) -> Response<ProxyBody> {
-        let on_usage = counted.map(|counted| {
-            let calibration = self.calibration.clone();
-            Box::new(move |usage: crate::http::usage_tap::Usage| {
-                calibration.observe(&counted.model, counted.tokens, usage.prompt);
-                counted.calibrate_session(usage.prompt);
-            }) as OnUsage
-        });
-        tapped_with(response, metrics, model, on_usage)
-    }
-
-    fn token_ratio(&self, model: &str) -> Option<f64> {
-        self.calibration.ratio(model)
+    fn calibrated(&self) -> bool {
+        true
     }
 
     /// Anthropic, with the client's key; not with a Claude subscription's OAuth token
@@ -173,40 +140,6 @@ pub fn is_prompt_too_long(body: &[u8]) -> bool {
     super::chat::is_context_overflow(body)
 }
 
-/// Prompt tokens as the provider counts them per engine-counted token, per model: the
-/// prior of conversations that have no ratio of their own yet. A bounded table of moving
-/// averages, fed by every answer whose request the engine counted exactly.
-#[derive(Debug, Default)]
-pub struct Calibration {
-    ratios: Mutex<HashMap<String, TokenRatio>>,
-}
-
-impl Calibration {
-    /// At most this many models are kept (the table is cleared when a new one would
-    /// exceed it: model names come from clients).
-    pub const MAX_MODELS: usize = 256;
-
-    /// Records that a prompt the engine counted as `counted` tokens was `reported` tokens
-    /// for the provider.
-    pub fn observe(&self, model: &str, counted: usize, reported: u64) {
-        let Some(first) = TokenRatio::first(counted, reported) else { return };
-        let Ok(mut ratios) = self.ratios.lock() else { return };
-        if let Some(ratio) = ratios.get_mut(model) {
-            ratio.observe(counted, reported);
-            return;
-        }
-        if ratios.len() >= Self::MAX_MODELS {
-            ratios.clear();
-        }
-        ratios.insert(model.to_owned(), first);
-    }
-
-    /// The provider's prompt tokens per engine-counted token for `model`, once measured.
-    pub fn ratio(&self, model: &str) -> Option<f64> {
-        self.ratios.lock().ok()?.get(model).map(|r| r.value)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,16 +148,12 @@ mod tests {
     fn a_body_with_a_document_is_always_counted() {
         let engine = Engine::new(crate::config::CompactionConfig::default());
         let small = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hi"}]}"#;
-        let outline = Messages::default().outline(small).unwrap();
-        assert!(
-            Messages::default().clearly_below(&engine, &outline, &Options::default()).is_some()
-        );
+        let outline = Messages.outline(small).unwrap();
+        assert!(Messages.clearly_below(&engine, &outline, &Options::default()).is_some());
         // A PDF's pages can cost more than its bytes: the quick bound does not hold.
         let pdf = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0="}}]}]}"#;
-        let outline = Messages::default().outline(pdf).unwrap();
-        assert!(
-            Messages::default().clearly_below(&engine, &outline, &Options::default()).is_none()
-        );
+        let outline = Messages.outline(pdf).unwrap();
+        assert!(Messages.clearly_below(&engine, &outline, &Options::default()).is_none());
     }
 
     #[test]
@@ -234,7 +163,7 @@ mod tests {
             for (k, v) in pairs {
                 headers.insert(*k, v.parse().unwrap());
             }
-            Messages::default().summary_api(&headers)
+            Messages.summary_api(&headers)
         };
         assert_eq!(with(&[("x-api-key", "sk-ant-api03-k")]), Some(SummaryApi::Messages));
         assert_eq!(with(&[("authorization", "Bearer sk-ant-api03-k")]), Some(SummaryApi::Messages));
@@ -258,11 +187,10 @@ mod tests {
         ];
         let mut keys = Vec::new();
         for body in bodies {
-            let outline = Messages::default().outline(body.as_bytes()).unwrap();
-            let (request, _) = Messages::default().parse(body.as_bytes()).unwrap();
-            let parsed = Messages::default().session_key(&headers, "x-session-id", &request);
-            let outlined =
-                Messages::default().outline_session_key(&headers, "x-session-id", &outline);
+            let outline = Messages.outline(body.as_bytes()).unwrap();
+            let (request, _) = Messages.parse(body.as_bytes()).unwrap();
+            let parsed = Messages.session_key(&headers, "x-session-id", &request);
+            let outlined = Messages.outline_session_key(&headers, "x-session-id", &outline);
             assert_eq!(outlined, Some(parsed.clone()), "{body}");
             keys.push(parsed);
         }
@@ -279,26 +207,10 @@ mod tests {
             br#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: roles must alternate"}}"#
         ));
         assert_eq!(
-            Messages::default().stated_window(
+            Messages.stated_window(
                 br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#
             ),
             Some(200_000)
         );
-    }
-
-    #[test]
-    fn calibration_averages_per_model() {
-        let d = Messages::default();
-        assert_eq!(d.token_ratio("claude-sonnet-4-5"), None);
-        d.calibration().observe("claude-sonnet-4-5", 500, 900);
-        assert_eq!(d.token_ratio("claude-sonnet-4-5"), None, "too small to tell");
-        d.calibration().observe("claude-sonnet-4-5", 10_000, 12_000);
-        d.calibration().observe("claude-sonnet-4-5", 10_000, 12_000);
-        let ratio = d.token_ratio("claude-sonnet-4-5").unwrap();
-        assert!((ratio - 1.2).abs() < 1e-9, "{ratio}");
-        d.calibration().observe("claude-sonnet-4-5", 10_000, 15_000);
-        let ratio = d.token_ratio("claude-sonnet-4-5").unwrap();
-        assert!(ratio > 1.2 && ratio < 1.5, "a moving average: {ratio}");
-        assert_eq!(d.token_ratio("claude-haiku-4-5"), None, "per model");
     }
 }

@@ -1,8 +1,9 @@
 //! API shapes at the edge of the conversation service. A [`Dialect`] knows one shape's
 //! bodies and errors: it reads a body into the engine's neutral request, renders the body
 //! to forward, estimates tokens for the quick decision, recognises an overflow error (in
-//! an error answer, or in the first events of a stream) and reads usage. Everything else
-//! (sessions, summarizers, the retry) is shared, in [`super::conversation`]; a new API
+//! an error answer, or in the first events of a stream). Dialects hold no state: what is
+//! learned from providers lives in [`crate::learned`], sessions, summarizers and the
+//! retry in [`crate::conversation`], the request's path in [`super::turn`]. A new API
 //! shape is a new file here.
 //!
 //! Dialects are used through generics, never `dyn`: the quick path of a request far below
@@ -12,20 +13,16 @@ pub mod chat;
 pub mod messages;
 pub mod responses;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, StatusCode};
 
-use super::body::ProxyBody;
-use super::conversation::Counted;
 use super::sse::Event;
 use crate::compaction::engine::Bound;
 use crate::compaction::tokens::REPLY_PRIMING;
 use crate::compaction::tokens::count::IMAGE_UNKNOWN;
 use crate::compaction::{Engine, Options, Report};
-use crate::compactor::Rewritten;
-use crate::metrics::{Metrics, Route};
+use crate::conversation::Rewritten;
+use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
@@ -162,37 +159,11 @@ pub trait Dialect: Send + Sync + 'static {
         chat::stated_window(error_body)
     }
 
-    /// `response` with its upstream usage read into `metrics` as it streams by
-    /// (`model`: the request's model label, if known).
-    fn tap_usage(
-        &self,
-        response: Response<ProxyBody>,
-        metrics: &Arc<Metrics>,
-        model: Option<&'static str>,
-    ) -> Response<ProxyBody> {
-        super::usage_tap::tapped(response, metrics, model)
-    }
-
-    /// [`Dialect::tap_usage`] for a request whose forwarded prompt the engine counted
-    /// exactly (`counted`), so that a dialect whose provider counts tokens differently
-    /// can calibrate against the usage the upstream reports.
-    fn tap_turn_usage(
-        &self,
-        response: Response<ProxyBody>,
-        metrics: &Arc<Metrics>,
-        model: Option<&'static str>,
-        counted: Option<Counted>,
-    ) -> Response<ProxyBody> {
-        let _ = counted;
-        self.tap_usage(response, metrics, model)
-    }
-
-    /// Provider tokens per engine token for a conversation of `model` that has no ratio
-    /// of its own yet (see [`crate::compaction::Options::token_ratio`]); `None` when the
-    /// engine counts with the provider's own encoder.
-    fn token_ratio(&self, model: &str) -> Option<f64> {
-        let _ = model;
-        None
+    /// True when this shape's providers count tokens with an encoder the engine does
+    /// not have (Anthropic's): the engine's counts are then calibrated against the usage
+    /// the upstream reports, per model and per conversation (see [`crate::learned`]).
+    fn calibrated(&self) -> bool {
+        false
     }
 
     /// The API the model summarizer speaks for this shape's conversations when it uses

@@ -33,7 +33,7 @@ use super::chat::is_context_overflow;
 use super::{Dialect, StreamEvent, byte_bound};
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
-use crate::compactor::Rewritten;
+use crate::conversation::Rewritten;
 use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
 use crate::http::sse::Event;
 use crate::metrics::Route;

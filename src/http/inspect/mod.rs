@@ -18,9 +18,10 @@ use http::{HeaderMap, Response, StatusCode, header};
 use super::body::{ProxyBody, full};
 use super::error::ProxyError;
 use crate::compaction::SessionState;
-use crate::compactor::{ChatOutcome, Decision};
-use crate::session::record::{FoldEntry, RequestEntry, RequestOutcome, now_ms};
+use crate::conversation::Decision;
+use crate::session::record::{FoldEntry, RequestEntry, now_ms};
 use crate::session::{RecordUpdate, SessionKey, SessionStore};
+use crate::vocab::Outcome;
 
 /// At most this many sessions are listed.
 const LIST_MAX: usize = 1000;
@@ -57,7 +58,7 @@ impl Inspector {
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let mut request = RequestEntry {
             at,
-            outcome: outcome(decision.outcome),
+            outcome: decision.outcome,
             wait_ms: u32::try_from(decision.fold_wait.as_millis()).unwrap_or(u32::MAX),
             folds: u16::try_from(decision.new_blocks.len()).unwrap_or(u16::MAX),
             retried,
@@ -65,13 +66,13 @@ impl Inspector {
         };
         if let Some(report) = &decision.report {
             request.tokens_before = small(report.tokens_before);
-            request.tokens_after = match decision.outcome {
-                ChatOutcome::Passthrough | ChatOutcome::FailedOpen => request.tokens_before,
-                ChatOutcome::Compacted | ChatOutcome::Observed => small(report.tokens_after),
+            request.tokens_after = match decision.outcome.engine_compacted() {
+                false => request.tokens_before,
+                true => small(report.tokens_after),
             };
             request.tier = report.tier.number();
             request.messages = small(report.messages_before);
-            if request.outcome != RequestOutcome::Passthrough {
+            if request.outcome != Outcome::Passthrough {
                 request.dropped = small(report.dropped);
             }
         }
@@ -137,15 +138,6 @@ fn session_key(text: &str) -> Result<SessionKey, ProxyError> {
 
 fn unavailable(e: crate::session::StoreError) -> ProxyError {
     ProxyError::StoreUnavailable(e.to_string())
-}
-
-fn outcome(outcome: ChatOutcome) -> RequestOutcome {
-    match outcome {
-        ChatOutcome::Passthrough => RequestOutcome::Passthrough,
-        ChatOutcome::Compacted => RequestOutcome::Compacted,
-        ChatOutcome::Observed => RequestOutcome::Observed,
-        ChatOutcome::FailedOpen => RequestOutcome::FailedOpen,
-    }
 }
 
 /// A JSON answer that no cache keeps.

@@ -66,6 +66,24 @@ const MAX_BREAKERS: usize = 256;
 const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
+/// The headers of a client's request that a digest call in its API passes on
+/// (Anthropic's `anthropic-version` and `anthropic-beta`), and no other.
+#[derive(Debug, Clone, Default)]
+pub struct ClientHeaders(HeaderMap);
+
+impl ClientHeaders {
+    /// The headers of `request` a digest call passes on.
+    pub fn from_request(request: &HeaderMap) -> Self {
+        let mut kept = HeaderMap::new();
+        for name in [ANTHROPIC_VERSION, ANTHROPIC_BETA] {
+            if let Some(value) = request.get(&name) {
+                kept.insert(name, value.clone());
+            }
+        }
+        Self(kept)
+    }
+}
+
 /// The shared LLM summarizer: endpoints, pooled client, limits, breakers and counters.
 pub struct LlmSummarizer {
     client: JsonClient,
@@ -196,10 +214,10 @@ impl LlmSummarizer {
         credential: Option<Credential>,
         request_model: &str,
         api: Option<SummaryApi>,
-        headers: &HeaderMap,
+        headers: &ClientHeaders,
     ) -> Option<BoundSummarizer> {
         let api = api.or(self.api_key.is_some().then_some(SummaryApi::ChatCompletions))?;
-        Some(self.bind_to(credential, request_model, api, headers))
+        Some(self.bind_to(credential, request_model, api, &headers.0))
     }
 
     /// The URL summarization calls go to.
@@ -394,8 +412,8 @@ impl fmt::Debug for BoundSummarizer {
 
 #[async_trait]
 impl Summarizer for BoundSummarizer {
-    fn name(&self) -> &'static str {
-        "llm"
+    fn kind(&self) -> crate::vocab::SummarizerKind {
+        crate::vocab::SummarizerKind::Llm
     }
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {

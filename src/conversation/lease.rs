@@ -64,8 +64,8 @@ impl<'a> Leased<'a> {
 
 #[async_trait]
 impl Summarizer for Leased<'_> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn kind(&self) -> crate::vocab::SummarizerKind {
+        self.inner.kind()
     }
 
     fn prompt(&self, input: &SummaryInput<'_>) -> Option<crate::summarizer::ModelPrompt> {

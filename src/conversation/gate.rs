@@ -41,8 +41,8 @@ impl<'a> Gate<'a> {
 
 #[async_trait]
 impl Summarizer for Gate<'_> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn kind(&self) -> crate::vocab::SummarizerKind {
+        self.inner.kind()
     }
 
     fn prompt(&self, input: &SummaryInput<'_>) -> Option<crate::summarizer::ModelPrompt> {
@@ -83,8 +83,8 @@ mod tests {
 
     #[async_trait]
     impl Summarizer for Slow {
-        fn name(&self) -> &'static str {
-            "slow"
+        fn kind(&self) -> crate::vocab::SummarizerKind {
+            crate::vocab::SummarizerKind::Llm
         }
 
         async fn summarize(&self, _: SummaryInput<'_>) -> Result<String, SummarizerError> {

@@ -9,34 +9,35 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, ReadError, full, read_limited};
-use super::conversation::{Conversations, Turn};
 use super::dialect::Dialect;
 use super::error::ProxyError;
 use super::overflow;
 use super::passthrough::{self, build_request, client_response, declared_length};
+use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
-use crate::compaction::Report;
-use crate::metrics::{Metrics, Outcome};
+use super::usage_tap::tapped_with as tapped;
+use crate::metrics::Metrics;
 use crate::summarizer::llm::SUMMARY_HEADER;
+use crate::vocab::Outcome;
 
 /// Handles one request of `dialect`'s shape; how far its body was read goes to `progress`.
 pub async fn handle<D: Dialect>(
     dialect: &D,
     upstream: &Upstream,
     max_body: u64,
-    conversations: &Conversations,
+    turns: &Turns,
     metrics: &Arc<Metrics>,
     request: Request<Incoming>,
     progress: Arc<BodyProgress>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    if !conversations.enabled || request.headers().contains_key(SUMMARY_HEADER) {
-        if !conversations.enabled {
-            metrics.chat_request(dialect.route(), Outcome::Disabled);
+    if !turns.enabled || request.headers().contains_key(SUMMARY_HEADER) {
+        if !turns.enabled {
+            record_untaken(metrics, dialect.route(), Outcome::Disabled);
         }
         return passthrough::forward(upstream, max_body, metrics, request, progress).await;
     }
@@ -49,21 +50,15 @@ pub async fn handle<D: Dialect>(
         ReadError::Body(message) => ProxyError::ClientBody(message),
     })?;
     let started = Instant::now();
-    let turn =
-        conversations.begin(dialect, upstream.name(), &parts.headers, &original, metrics).await;
+    let turn = turns.begin(dialect, upstream.name(), &parts.headers, &original, metrics).await;
     let Some(mut turn) = turn else {
         // A body foldgate does not understand goes as it is; the upstream answers.
-        metrics.chat_request(dialect.route(), Outcome::NotChat);
+        record_untaken(metrics, dialect.route(), Outcome::NotChat);
         let response = send(dialect, upstream, metrics, started, &parts, original).await?;
-        return Ok(dialect.tap_usage(client_response(response), metrics, None));
+        return Ok(tapped(client_response(response), metrics, None, None));
     };
     let response = send(dialect, upstream, metrics, started, &parts, turn.body()).await?;
-    let response = dialect.tap_turn_usage(
-        client_response(response),
-        metrics,
-        Some(turn.model()),
-        turn.counted(),
-    );
+    let response = tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage());
     // No byte has reached the client yet: an overflow can be retried once, deeper
     // compacted; the client then gets only the retry's answer.
     let first = overflow::read(dialect, response, turn.retryable()).await;
@@ -72,12 +67,12 @@ pub async fn handle<D: Dialect>(
         None => None,
     };
     let Some(retry) = retry else {
-        return Ok(tag(first.response, &turn));
+        return Ok(turn.finish(first.response));
     };
     drop(first);
     let response = send(dialect, upstream, metrics, retry.started, &parts, retry.body).await?;
     let response = client_response(response);
-    Ok(tag(dialect.tap_turn_usage(response, metrics, Some(turn.model()), turn.counted()), &turn))
+    Ok(turn.finish(tapped(response, metrics, Some(turn.model()), turn.on_usage())))
 }
 
 /// Sends `body` upstream with the client's method, path and headers; `started` is when
@@ -99,35 +94,4 @@ async fn send<D: Dialect>(
     let result = upstream.send(request).await;
     metrics.observe_upstream_ttfb(route, sent.elapsed().as_secs_f64());
     result
-}
-
-/// Records the turn's outcome and says in `x-foldgate-*` headers what happened.
-fn tag<D: Dialect>(mut response: Response<ProxyBody>, turn: &Turn<'_, D>) -> Response<ProxyBody> {
-    turn.record();
-    let decision = turn.decision();
-    let headers = response.headers_mut();
-    let mut set = |name: &'static str, value: HeaderValue| {
-        headers.insert(HeaderName::from_static(name), value);
-    };
-    set("x-foldgate-outcome", HeaderValue::from_static(decision.outcome.as_str()));
-    if let Ok(value) = HeaderValue::from_str(turn.session().as_str()) {
-        set("x-foldgate-session", value);
-    }
-    if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
-        set("x-foldgate-tokens-before", HeaderValue::from(*tokens_before));
-        set("x-foldgate-tokens-after", HeaderValue::from(*tokens_after));
-        set("x-foldgate-tier", HeaderValue::from(u16::from(tier.number())));
-    }
-    if !decision.fold_wait.is_zero() {
-        let millis = u64::try_from(decision.fold_wait.as_millis()).unwrap_or(u64::MAX);
-        set("x-foldgate-fold-wait-ms", HeaderValue::from(millis));
-    }
-    if turn.retried() {
-        set("x-foldgate-retried", HeaderValue::from_static("1"));
-    }
-    // The request was planned against a window learned from an earlier overflow error.
-    if let Some(window) = turn.learned_window() {
-        set("x-foldgate-learned-window", HeaderValue::from(window));
-    }
-    response
 }

@@ -1,0 +1,357 @@
+//! One request of a compacted route at the edge, whatever its API shape: the dialect
+//! reads the body (its outline first: a request far below the trigger is decided from
+//! it, unparsed, on the connection's thread), the conversation stage compacts it, the
+//! dialect renders what to forward; after an overflow error the conversation compacts
+//! deeper. [`Turn::finish`] is the one place a request's metrics, inspector record and
+//! `x-foldgate-*` headers are written. The handler (`super::handler`) does the sending.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::Response;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::body::ProxyBody;
+use super::dialect::Dialect;
+use super::inspect::Inspector;
+use super::usage_tap::OnUsage;
+use crate::compaction::{Options, Report};
+use crate::conversation::{Caller, Conversations, Decision, Overflow};
+use crate::learned::model_key;
+use crate::metrics::{Metrics, OverflowRetry, Route, WindowEvent, model_label};
+use crate::model::ChatRequest;
+use crate::session::SessionKey;
+use crate::summarizer::llm::{ClientHeaders, Credential};
+use crate::vocab::Outcome;
+
+/// What the edge's compacted routes share. Cheap to clone: every connection thread
+/// holds one.
+#[derive(Clone)]
+pub struct Turns {
+    /// The conversation stage.
+    pub conversations: Conversations,
+    /// The header naming a conversation.
+    pub session_header: HeaderName,
+    /// `compaction.enabled`.
+    pub enabled: bool,
+    /// The session inspector, when on (`admin.listen`): every request is recorded.
+    pub inspector: Option<Arc<Inspector>>,
+}
+
+/// One request of a conversation, from its decision to its recorded outcome.
+pub struct Turn<'a, D: Dialect> {
+    turns: &'a Turns,
+    dialect: &'a D,
+    metrics: &'a Arc<Metrics>,
+    headers: &'a HeaderMap,
+    original: &'a Bytes,
+    /// The parsed request and the origins of its messages; `None` when it was decided
+    /// from its outline.
+    parsed: Option<(Arc<ChatRequest>, D::Origins)>,
+    key: SessionKey,
+    model: &'static str,
+    /// The request's `model`, as sent.
+    model_name: String,
+    model_key: String,
+    learned: Option<usize>,
+    decision: Decision,
+    /// What the overflow retry did, when there was an overflow.
+    overflow: Option<OverflowRetry>,
+    /// The overflow stated a window smaller than any known.
+    learned_window: bool,
+}
+
+/// A deeper compaction to send after an overflow error.
+pub struct Retry {
+    /// The body to send.
+    pub body: Bytes,
+    /// When the retry's work began (for the overhead metric).
+    pub started: Instant,
+}
+
+/// Counts a request of a compacted route that no turn took (`Disabled`, `NotChat`).
+pub fn record_untaken(metrics: &Metrics, route: Route, outcome: Outcome) {
+    metrics.chat_request(route, outcome);
+}
+
+impl Turns {
+    /// Decides what to forward for `original` (the body as received); `None` when the
+    /// dialect does not understand it (it is then forwarded as it is). A request far
+    /// below the trigger is decided from its outline on the calling task, without
+    /// parsing or conversation state; any other goes to the conversation stage.
+    pub async fn begin<'a, D: Dialect>(
+        &'a self,
+        dialect: &'a D,
+        upstream: &str,
+        headers: &'a HeaderMap,
+        original: &'a Bytes,
+        metrics: &'a Arc<Metrics>,
+    ) -> Option<Turn<'a, D>> {
+        let outline = dialect.outline(original);
+        let mut parsed = None;
+        let model_name = match &outline {
+            Some(outline) => dialect.outline_model(outline),
+            None => parsed.insert(parse(dialect, original)?).0.model(),
+        };
+        let model_name = model_name.unwrap_or_default();
+        let model_key = model_key(upstream, &model_name);
+        let learned = self.conversations.learned_window(&model_key);
+        let options = Options {
+            window_cap: learned,
+            token_ratio: self.token_ratio(dialect, &model_name),
+            ..Options::default()
+        };
+        let session_header = self.session_header.as_str();
+        // Far below the trigger (most requests of most conversations) the request goes as
+        // it is: not parsed, no conversation state, no hop to the compaction runtime.
+        let quick = outline.as_ref().and_then(|outline| {
+            let engine = self.conversations.engine();
+            let report = dialect.clearly_below(engine, outline, &options)?;
+            let key = dialect.outline_session_key(headers, session_header, outline)?;
+            Some((Decision::unchanged(report), key))
+        });
+        drop(outline);
+        let (decision, key) = match quick {
+            Some(quick) => quick,
+            None => {
+                let (request, origins) = match parsed.take() {
+                    Some(parsed) => parsed,
+                    None => parse(dialect, original)?,
+                };
+                let key = dialect.session_key(headers, session_header, &request);
+                let decision = if dialect.server_state(&origins) {
+                    // The provider holds the conversation: nothing here to compact.
+                    Decision::passthrough()
+                } else {
+                    let caller = caller(dialect, headers);
+                    self.conversations.compact(&key, &request, &caller, &options).await
+                };
+                parsed = Some((request, origins));
+                (decision, key)
+            }
+        };
+        log_decision(&decision, false);
+        Some(Turn {
+            turns: self,
+            dialect,
+            metrics,
+            headers,
+            original,
+            parsed,
+            key,
+            model: model_label(&model_name),
+            model_name,
+            model_key,
+            learned,
+            decision,
+            overflow: None,
+            learned_window: false,
+        })
+    }
+
+    /// Provider tokens per engine token for a conversation of `model` without a ratio of
+    /// its own, for a dialect whose provider counts with an encoder the engine lacks.
+    fn token_ratio<D: Dialect>(&self, dialect: &D, model: &str) -> Option<f64> {
+        dialect.calibrated().then(|| self.conversations.token_ratio(model)).flatten()
+    }
+}
+
+/// Who sent the request, as the conversation stage needs it.
+fn caller<D: Dialect>(dialect: &D, headers: &HeaderMap) -> Caller {
+    Caller {
+        credential: Credential::from_headers(headers),
+        summary_api: dialect.summary_api(headers),
+        summary_headers: ClientHeaders::from_request(headers),
+    }
+}
+
+impl<D: Dialect> Turn<'_, D> {
+    /// The body to forward: the original bytes, or the rendered compaction.
+    pub fn body(&self) -> Bytes {
+        match (&self.decision.rewritten, &self.parsed) {
+            (Some(compacted), Some((_, origins))) => {
+                self.dialect.render(self.original, origins, compacted)
+            }
+            _ => self.original.clone(),
+        }
+    }
+
+    /// The request's model label.
+    pub fn model(&self) -> &'static str {
+        self.model
+    }
+
+    /// For a dialect whose provider counts tokens with an encoder the engine does not
+    /// have, and a forwarded prompt the engine counted exactly: what to do with the usage
+    /// the upstream reports (calibrate the model's and the conversation's ratio).
+    pub fn on_usage(&self) -> Option<OnUsage> {
+        if !self.dialect.calibrated() {
+            return None;
+        }
+        let report = self.decision.report.as_ref().filter(|r| r.tokens_before_exact)?;
+        let tokens = match self.decision.rewritten {
+            Some(_) => report.tokens_after,
+            None => report.tokens_before,
+        };
+        let conversations = &self.turns.conversations;
+        let counted =
+            conversations.counted(&self.key, &self.model_name, tokens, self.decision.token_ratio);
+        Some(Box::new(move |usage: super::usage_tap::Usage| counted.observe(usage.prompt)))
+    }
+
+    /// False when an overflow could not be retried: the request relies on conversation
+    /// state the provider keeps, or is already the retry.
+    pub fn retryable(&self) -> bool {
+        let server_state = self.parsed.as_ref().is_some_and(|(_, o)| self.dialect.server_state(o));
+        !server_state && !self.retried()
+    }
+
+    /// After an error answer with `error_body`: when it is a context overflow, the
+    /// conversation learns the window it states and compacts deeper, forced. `None` when
+    /// the answer stands (not an overflow, or nothing more to take out).
+    pub async fn retry_after(&mut self, error_body: &[u8]) -> Option<Retry> {
+        if !self.dialect.is_overflow(error_body) {
+            return None;
+        }
+        let stated = self.dialect.stated_window(error_body);
+        let conversations = &self.turns.conversations;
+        if let Some(window) = stated {
+            if conversations.learn_window(&self.model_key, window).await {
+                self.learned_window = true;
+                tracing::info!(model = %self.model_key, window, "context window learned from an overflow error");
+            }
+        }
+        if self.parsed.is_none() {
+            self.parsed = Some(parse(self.dialect, self.original)?);
+        }
+        let (request, origins) = self.parsed.as_ref()?;
+        if self.dialect.server_state(origins) {
+            return None;
+        }
+        let overflow = Overflow {
+            stated,
+            planned: self.decision.report.as_ref(),
+            token_ratio: self.turns.token_ratio(self.dialect, &self.model_name),
+        };
+        let started = Instant::now();
+        let caller = caller(self.dialect, self.headers);
+        let retry = conversations.retry(&self.key, request, &caller, overflow).await;
+        log_decision(&retry, true);
+        let Some(compacted) = &retry.rewritten else {
+            // Nothing more to take out (or observe mode): the upstream's answer stands.
+            self.overflow = Some(OverflowRetry::NothingToCompact);
+            return None;
+        };
+        let body = self.dialect.render(self.original, origins, compacted);
+        self.overflow = Some(OverflowRetry::Retried);
+        self.decision = retry;
+        Some(Retry { body, started })
+    }
+
+    /// True when the forwarded body is a retry after an overflow error.
+    fn retried(&self) -> bool {
+        self.overflow == Some(OverflowRetry::Retried)
+    }
+
+    /// Records what happened to the request (metrics, the session inspector) and says
+    /// it in `x-foldgate-*` headers of `response`.
+    pub fn finish(&self, mut response: Response<ProxyBody>) -> Response<ProxyBody> {
+        self.record();
+        self.tag(response.headers_mut());
+        response
+    }
+
+    /// Records what happened to the request in the metrics and the session inspector.
+    fn record(&self) {
+        let (metrics, decision) = (self.metrics, &self.decision);
+        if let Some(inspector) = &self.turns.inspector {
+            inspector.record(self.headers, &self.key, self.model, decision, self.retried());
+        }
+        let route = self.dialect.route();
+        metrics.chat_request(route, decision.outcome);
+        let sessions = self.turns.conversations.store().active_sessions();
+        metrics.active_sessions.set(i64::try_from(sessions).unwrap_or(i64::MAX));
+        if self.learned.is_some() {
+            metrics.learned_window(WindowEvent::Applied);
+        }
+        if self.learned_window {
+            metrics.learned_window(WindowEvent::Learned);
+        }
+        if let Some(result) = self.overflow {
+            metrics.overflow_retry(result);
+        }
+        let Some(report) = &decision.report else { return };
+        let before = report.tokens_before as u64;
+        let forwarded =
+            if decision.rewritten.is_some() { report.tokens_after as u64 } else { before };
+        metrics.prompt_tokens(route, self.model, before, forwarded);
+        if decision.outcome.engine_compacted() && before > 0 {
+            metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
+            metrics.fold_wait.observe(decision.fold_wait.as_secs_f64());
+            metrics.compaction(report.tier, decision.outcome);
+        }
+        if let Some(recall) = report.artifact_recall {
+            metrics.artifact_recall.observe(recall);
+        }
+        metrics.trail_rereads(route, report.rereads);
+    }
+
+    /// Says in `x-foldgate-*` headers what happened.
+    fn tag(&self, headers: &mut HeaderMap) {
+        let decision = &self.decision;
+        let mut set = |name: &'static str, value: HeaderValue| {
+            headers.insert(HeaderName::from_static(name), value);
+        };
+        set("x-foldgate-outcome", HeaderValue::from_static(decision.outcome.as_str()));
+        if let Ok(value) = HeaderValue::from_str(self.key.as_str()) {
+            set("x-foldgate-session", value);
+        }
+        if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
+            set("x-foldgate-tokens-before", HeaderValue::from(*tokens_before));
+            set("x-foldgate-tokens-after", HeaderValue::from(*tokens_after));
+            set("x-foldgate-tier", HeaderValue::from(u16::from(tier.number())));
+        }
+        if !decision.fold_wait.is_zero() {
+            let millis = u64::try_from(decision.fold_wait.as_millis()).unwrap_or(u64::MAX);
+            set("x-foldgate-fold-wait-ms", HeaderValue::from(millis));
+        }
+        if self.retried() {
+            set("x-foldgate-retried", HeaderValue::from_static("1"));
+        }
+        // The request was planned against a window learned from an earlier overflow error.
+        if let Some(window) = self.learned {
+            set("x-foldgate-learned-window", HeaderValue::from(window));
+        }
+    }
+}
+
+/// `body` parsed by `dialect`, the request shared with the compaction runtime.
+fn parse<D: Dialect>(dialect: &D, body: &[u8]) -> Option<(Arc<ChatRequest>, D::Origins)> {
+    dialect.parse(body).map(|(request, origins)| (Arc::new(request), origins))
+}
+
+fn log_decision(decision: &Decision, retry: bool) {
+    let Some(report) = &decision.report else { return };
+    if decision.outcome == Outcome::Passthrough && !retry {
+        tracing::debug!(tokens = report.tokens_before, "below the trigger");
+        return;
+    }
+    tracing::info!(
+        outcome = decision.outcome.as_str(),
+        retry,
+        tier = report.tier.number(),
+        tokens_before = report.tokens_before,
+        tokens_after = report.tokens_after,
+        folded = report.folded,
+        elided = report.elided,
+        dropped = report.dropped,
+        blocks_reused = report.blocks_reused,
+        fold_postponed = report.fold_postponed,
+        fold_wait_ms = decision.fold_wait.as_millis() as u64,
+        blocks_new = report.blocks_new,
+        summarizer = report.summarizer.as_deref().unwrap_or("-"),
+        summarizer_error = report.summarizer_error.as_deref().unwrap_or("-"),
+        "compaction"
+    );
+}

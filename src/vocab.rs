@@ -1,0 +1,247 @@
+//! The words every stage shares: what happened to a request, how deep the engine went,
+//! why a summarizer call failed, which store operation ran, which summarizer wrote a
+//! digest. One enum each, spelled once: headers, logs, metrics, the inspector and the
+//! configuration all use these (each value's `as_str` is its label everywhere).
+//!
+//! A leaf: imports nothing of the crate.
+
+use serde::{Deserialize, Serialize, Serializer};
+
+/// What happened to a request of a compacted route.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Forwarded as received (below the trigger, or the provider keeps the state).
+    #[default]
+    Passthrough,
+    /// A compacted body was forwarded.
+    Compacted,
+    /// Observe mode: compacted, but forwarded as received.
+    Observed,
+    /// Compaction failed; forwarded as received.
+    FailedOpen,
+    /// A body foldgate does not understand, forwarded as is.
+    NotChat,
+    /// Compaction is off.
+    Disabled,
+}
+
+impl Outcome {
+    /// Every outcome.
+    pub const ALL: [Self; 6] = [
+        Self::Passthrough,
+        Self::Compacted,
+        Self::Observed,
+        Self::FailedOpen,
+        Self::NotChat,
+        Self::Disabled,
+    ];
+
+    /// The name: the value of `x-foldgate-outcome`, the log field and the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Passthrough => "passthrough",
+            Self::Compacted => "compacted",
+            Self::Observed => "observed",
+            Self::FailedOpen => "failed_open",
+            Self::NotChat => "not_chat",
+            Self::Disabled => "disabled",
+        }
+    }
+
+    /// True when the engine compacted the request (whether or not it was forwarded so).
+    pub fn engine_compacted(self) -> bool {
+        matches!(self, Self::Compacted | Self::Observed)
+    }
+
+    /// Position in [`Outcome::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How deep the engine went for one request; ordered, so a deeper tier compares greater.
+/// Serialized, displayed, labelled and compared as its number (0 to 4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// 0: nothing new taken out; stored fold blocks, if any, reused.
+    #[default]
+    Reuse = 0,
+    /// 1: tool output and old content elided to stubs.
+    Elide = 1,
+    /// 2: old turns folded into a digest.
+    Fold = 2,
+    /// 3: old digests and turns batched under the goal.
+    GoalBatch = 3,
+    /// 4: the fallback cut.
+    Fallback = 4,
+}
+
+impl Tier {
+    /// Every tier, shallowest first.
+    pub const ALL: [Self; 5] =
+        [Self::Reuse, Self::Elide, Self::Fold, Self::GoalBatch, Self::Fallback];
+
+    /// The tier's number, as headers, logs and reports show it.
+    pub fn number(self) -> u8 {
+        self as u8
+    }
+
+    /// The number as text (the metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reuse => "0",
+            Self::Elide => "1",
+            Self::Fold => "2",
+            Self::GoalBatch => "3",
+            Self::Fallback => "4",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.number())
+    }
+}
+
+impl PartialEq<u8> for Tier {
+    fn eq(&self, number: &u8) -> bool {
+        self.number() == *number
+    }
+}
+
+impl Serialize for Tier {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u8(self.number())
+    }
+}
+
+/// Why a summarizer call failed: a small closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// The call (including the wait for a concurrency permit) exceeded its timeout.
+    Timeout,
+    /// The model endpoint answered with a non-2xx status.
+    Status,
+    /// Connect, TLS or I/O error.
+    Transport,
+    /// A 2xx answer without usable digest text.
+    InvalidResponse,
+    /// The circuit breaker is open; no call was made.
+    CircuitOpen,
+    /// Any other failure (a summarizer that gives no reason).
+    Other,
+}
+
+impl FailureReason {
+    /// Every reason, in a fixed order (for counters and metric registration).
+    pub const ALL: [Self; 6] = [
+        Self::Timeout,
+        Self::Status,
+        Self::Transport,
+        Self::InvalidResponse,
+        Self::CircuitOpen,
+        Self::Other,
+    ];
+
+    /// The label: `timeout`, `status`, `transport`, `invalid_response`, `circuit_open`,
+    /// `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Status => "status",
+            Self::Transport => "transport",
+            Self::InvalidResponse => "invalid_response",
+            Self::CircuitOpen => "circuit_open",
+            Self::Other => "failed",
+        }
+    }
+
+    /// Position in [`FailureReason::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which summarizer writes a digest (also the `summarizer.kind` setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SummarizerKind {
+    /// A model call (falls back to extractive while it fails).
+    Llm,
+    /// Deterministic digests built without a model.
+    Extractive,
+}
+
+impl SummarizerKind {
+    /// Every kind.
+    pub const ALL: [Self; 2] = [Self::Llm, Self::Extractive];
+
+    /// The name: `llm`, `extractive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Llm => "llm",
+            Self::Extractive => "extractive",
+        }
+    }
+}
+
+/// A session store operation (timed and counted per backend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreOp {
+    /// Loading a conversation's state.
+    Load,
+    /// Saving it (conditionally, by revision).
+    Save,
+    /// Taking a summarization lease.
+    Lease,
+    /// Giving one back.
+    Release,
+}
+
+impl StoreOp {
+    /// Every operation.
+    pub const ALL: [Self; 4] = [Self::Load, Self::Save, Self::Lease, Self::Release];
+
+    /// The name: `load`, `save`, `lease`, `release`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Load => "load",
+            Self::Save => "save",
+            Self::Lease => "lease",
+            Self::Release => "release",
+        }
+    }
+
+    /// Position in [`StoreOp::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_follow_the_lists() {
+        assert!(Outcome::ALL.iter().enumerate().all(|(i, o)| o.index() == i));
+        assert!(FailureReason::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
+        assert!(StoreOp::ALL.iter().enumerate().all(|(i, o)| o.index() == i));
+        assert!(Tier::ALL.iter().all(|t| t.as_str() == t.number().to_string()));
+    }
+
+    #[test]
+    fn outcomes_serialize_as_their_names() {
+        for o in Outcome::ALL {
+            assert_eq!(serde_json::to_value(o).unwrap(), o.as_str());
+        }
+    }
+}
