@@ -3,20 +3,19 @@
 use std::sync::Arc;
 
 use super::CompactionError;
-use super::blocks::{FoldBlock, SessionState, add_block, applies, retain_matching};
+use super::blocks::{FoldBlock, SessionState, applies, retain_matching};
 use super::budget::{Budget, Options};
-use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::keep::Keep;
-use super::plan::{Goals, Item, Kind, Plan};
-use super::report::{Report, Tier};
+use super::report::Report;
+use super::request::{Pass, Sources, Stored};
 use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::trail::{Kind as TrailKind, State as TrailState, Trail};
-use super::units::{Unit, group_tail_start, turn_tail_start, units};
+use super::units::units;
 use crate::config::CompactionConfig;
-use crate::model::{ChatRequest, Message, ModelError, Role};
+use crate::model::{ChatRequest, Message, Role};
 use crate::outline::Outline;
-use crate::summarizer::{DigestKind, Summarizer};
+use crate::summarizer::Summarizer;
 
 /// What to forward.
 #[derive(Debug, Clone)]
@@ -180,25 +179,10 @@ impl Engine {
         let cfg = &self.cfg;
         let opts = &*opts.for_conversation(state.token_ratio);
         let budget = Budget::of(request, cfg, opts);
-        let msgs = request.messages();
-        let tools_raw = request.tools_raw();
-
-        // Below the trigger without stored blocks, measured from the messages' text (and
-        // cached counts) alone: nothing is parsed.
-        if !opts.force && (state.blocks.is_empty() || !cfg.enabled) {
-            let counter = Counter { encoding: budget.encoding, cache: &mut state.token_cache };
-            let upper = counter.message_upper_bound_total(msgs, tools_raw);
-            if upper <= budget.trigger || !cfg.enabled {
-                let mut report = Report::new(budget, opts.force, msgs.len(), 0, 0);
-                let estimate = counter.estimate_total(msgs, tools_raw).min(upper);
-                report.tokens_before = estimate;
-                report.tokens_before_exact = false;
-                report.tokens_after = estimate;
-                report.fits = upper <= report.budget.budget;
-                return Ok(Outcome::Unchanged { report });
-            }
+        if let Some(report) = self.below_trigger_unparsed(request, state, &budget, opts) {
+            return Ok(Outcome::Unchanged { report });
         }
-
+        let msgs = request.messages();
         let units = units(msgs);
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
         let mut report =
@@ -206,263 +190,44 @@ impl Engine {
         report.rereads = rereads(&state.blocks, msgs);
         let SessionState { blocks, token_cache, pending, cut, cut_postponed, .. } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
-
-        let fixed = counter.tools(tools_raw) + REPLY_PRIMING;
+        let fixed = counter.tools(request.tools_raw()) + REPLY_PRIMING;
         let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
         report.tokens_before = fixed + tokens.iter().sum::<usize>();
         let keep = Keep::new(msgs, cfg);
-        // The current turn, when it fits, is forwarded intact: no stored block, prefetched
-        // block, fold or fallback may reach into it.
-        let protect = keep.protected_turn(msgs, &tokens, fixed, &budget);
-        let reach = protect.unwrap_or(msgs.len());
-        let matching = blocks.len();
-        blocks.truncate(blocks.iter().take_while(|b| b.end <= reach).count());
-        report.blocks_reused = blocks.len();
-        report.blocks_invalidated += matching - blocks.len();
         let src = Sources { msgs, units: &units, tokens: &tokens, fixed, keep: &keep };
-        let mut plan = src.plan(blocks, &mut counter)?;
-        // The last request's cut, while it still keeps the prompt under the trigger: the
-        // prefix stays as it was forwarded, also when the prompt without it would now be
-        // under the trigger (stubs are not taken back one request after they were made).
-        // A cut made for a postponed fold is reused only where that fold is made (below),
-        // so the fold stays due.
-        let blocks_end = blocks.last().map_or(0, |b| b.end);
-        let mut recut = None;
-        if !opts.force && !cut.is_empty() {
-            match plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)? {
-                Some(kept) if kept.total() <= budget.trigger && !*cut_postponed => {
-                    plan = kept;
-                    report.tier = Tier::Fallback;
-                    report.cut_reused = true;
-                }
-                other => recut = other,
-            }
-        }
+        let stored = Stored { blocks, pending, cut, cut_postponed };
+        let mut pass = Pass::start(cfg, opts, request, summarizer, src, stored, counter, report)?;
+        pass.run().await?;
+        pass.finish(request)
+    }
 
-        if opts.force || plan.total() > budget.trigger {
-            // The conversation as last forwarded (the stored blocks and cut), with what
-            // the client added since: a shared-prefix summarizer sends it whole, so that
-            // its call starts with the previous forwarded request.
-            let recut = match recut {
-                None if opts.force && !cut.is_empty() => {
-                    plan.apply_cut(cut, msgs, blocks_end, protect, &mut counter)?
-                }
-                recut => recut,
-            };
-            let previous = recut.as_ref().unwrap_or(&plan).forwarded();
-            // A block summarized ahead of need is applied first: no summarizer call. One
-            // that reaches into a protected turn waits for a later request.
-            if pending.as_ref().is_some_and(|b| !applies(b, blocks, msgs, &units)) {
-                *pending = None;
-            }
-            let usable = |b: &mut FoldBlock| b.end <= reach;
-            if let Some(block) = pending.take_if(usable) {
-                if block.start == 0 {
-                    report.blocks_absorbed += blocks.len();
-                }
-                add_block(blocks, block);
-                plan = src.plan(blocks, &mut counter)?;
-                report.used_prefetched = true;
-                report.blocks_new += 1;
-                report.tier = Tier::Fold;
-            }
-            let blocks_end = blocks.last().map_or(0, |b| b.end);
-            let tail0 = turn_tail_start(&units, cfg.keep_last_turns).max(blocks_end);
-            // What to forward if the fold is postponed: no elision either, so that the
-            // prefix is rewritten once, when the digest lands.
-            let unelided = (opts.postpone_folds && plan.total() <= budget.fit_limit())
-                .then(|| (plan.clone(), report.tier));
-            if plan.elide_before(tail0, cfg.elide_min_tokens, budget.target, &mut counter)? {
-                report.tier = report.tier.max(Tier::Elide);
-            }
-            if plan.total() > budget.target {
-                let tail1 = group_tail_start(&units, tail0, cfg.keep_last_tool_groups)
-                    .min(reach)
-                    .max(tail0);
-                let end = self.fold_end(msgs, &tokens, &plan, blocks_end, tail0, tail1, &budget);
-                // A fold worth making recovers at least half the gap between trigger and
-                // target; smaller ones would be redone on the next request.
-                let min_work = (budget.trigger - budget.target) / 2;
-                if end > blocks_end
-                    && keep.work_tokens(msgs, &tokens, blocks_end, end) >= min_work.max(1)
-                {
-                    let rules = FoldRules {
-                        max_tokens: cfg.digest_max_tokens,
-                        trail_tokens: cfg.trail_max_tokens,
-                        keep,
-                        kind: DigestKind::Fold,
-                        goal_keeps: None,
-                    };
-                    let region = Region {
-                        msgs,
-                        tokens: &tokens,
-                        start: blocks_end,
-                        end,
-                        tools: tools_raw,
-                        forwarded: &previous,
-                    };
-                    // Digests do not pile up: once the stored ones outgrow one digest's
-                    // size (and a quarter more for the trail entries each added), the new
-                    // digest takes their place and carries what they held.
-                    let stored_digests: usize = plan
-                        .items
-                        .iter()
-                        .filter(|i| i.kind == Kind::Digest && i.pos < blocks_end)
-                        .map(|i| i.tokens)
-                        .sum();
-                    let absorb = stored_digests > cfg.digest_max_tokens * 5 / 4;
-                    // Postponed: as the previous requests were forwarded when that fits,
-                    // else with old work cut to fit, as long as no user message and
-                    // nothing of the current turn is lost.
-                    let reusable = recut.as_ref().filter(|kept| kept.total() <= budget.fit_limit());
-                    let postponed = match unelided {
-                        Some(unfolded) => Some(unfolded),
-                        // The cut made while this fold was first postponed, as long as it
-                        // still fits: the prefix stays as forwarded until the digest lands.
-                        None if opts.postpone_folds && reusable.is_some() => {
-                            report.cut_reused = true;
-                            reusable.cloned().map(|kept| (kept, Tier::Fallback))
-                        }
-                        None if opts.postpone_folds => {
-                            // Cut to the trigger, not just under the limit, so that the
-                            // requests until the digest lands fit the same cut.
-                            let goals = Goals {
-                                target: budget.trigger,
-                                limit: budget.fit_limit(),
-                                floor: budget.floor,
-                                small_max: cfg.user_verbatim_max_tokens,
-                                min_tokens: cfg.elide_min_tokens,
-                            };
-                            plan.cut_to_fit(goals, protect, &mut counter)?
-                                .map(|cut| (cut, Tier::Fallback))
-                        }
-                        None => None,
-                    };
-                    let folded = match postponed {
-                        Some((forwarded, tier)) => {
-                            plan = forwarded;
-                            report.tier = report.tier.max(tier);
-                            report.fold_postponed = true;
-                            None
-                        }
-                        None => Some(fold_after(blocks, absorb, region, summarizer, rules).await?),
-                    };
-                    match folded.flatten() {
-                        Some(folded) => {
-                            let built =
-                                with_block(blocks, folded, &plan, &src, &mut counter, &mut report)?;
-                            if let Some(built) = built {
-                                plan = built;
-                                report.tier = Tier::Fold;
-                            }
-                        }
-                        None => report.fold_deferred |= !report.fold_postponed,
-                    }
-                }
-            }
-            // Tier 3: while small user messages and digests take more than the floor,
-            // the oldest whole turns (user messages included) and every stored block
-            // become one goal history. The last `keep_last_turns` turns (the current one
-            // among them) never take part.
-            let floor_used: usize = plan
-                .items
-                .iter()
-                .filter(|i| !i.dropped && matches!(i.kind, Kind::User | Kind::Digest))
-                .map(|i| i.tokens)
-                .sum();
-            if !report.fold_deferred
-                && !report.fold_postponed
-                && plan.total() > budget.target
-                && floor_used > budget.floor
-            {
-                let end = turn_tail_start(&units, cfg.keep_last_turns).min(reach);
-                let blocks_end = blocks.last().map_or(0, |b| b.end);
-                // Every small user message a later request may still have to forward stays
-                // verbatim: the guarantee grows when the last user message shrinks.
-                let goal_keeps = keep.lasting_guarantee(msgs, &tokens, fixed, &budget).max_tokens;
-                // What the batch takes out of the prompt: the work of its turns, the user
-                // messages past the floor and the digests, less the goal history that
-                // replaces them. Like a fold, it must be worth making.
-                let batched = |i: &&Item| {
-                    i.pos < end
-                        && !i.dropped
-                        && match i.kind {
-                            Kind::Work | Kind::Digest => true,
-                            Kind::User => goal_keeps.is_none_or(|max| i.tokens > max),
-                            _ => false,
-                        }
-                };
-                let work = plan
-                    .items
-                    .iter()
-                    .filter(batched)
-                    .map(|i| i.tokens)
-                    .sum::<usize>()
-                    .saturating_sub(cfg.digest_max_tokens + cfg.trail_max_tokens);
-                let min_work = (budget.trigger - budget.target) / 2;
-                if end >= blocks_end && work >= min_work.max(1) {
-                    let rules = FoldRules {
-                        max_tokens: cfg.digest_max_tokens,
-                        trail_tokens: cfg.trail_max_tokens,
-                        keep,
-                        kind: DigestKind::GoalBatch,
-                        goal_keeps,
-                    };
-                    let region = Region {
-                        msgs,
-                        tokens: &tokens,
-                        start: blocks_end,
-                        end,
-                        tools: tools_raw,
-                        forwarded: &previous,
-                    };
-                    match fold_after(blocks, true, region, summarizer, rules).await? {
-                        Some(folded) => {
-                            let built =
-                                with_block(blocks, folded, &plan, &src, &mut counter, &mut report)?;
-                            if let Some(built) = built {
-                                plan = built;
-                                report.tier = Tier::GoalBatch;
-                                report.goal_batches += 1;
-                            }
-                        }
-                        None => report.fold_deferred = true,
-                    }
-                }
-            }
-            // While another process summarizes this conversation, the request goes on
-            // with the folds it has and is cut only as far as it must be to fit: its
-            // prefix changes once, when the digest lands, not twice.
-            let target = if report.fold_deferred || report.fold_postponed {
-                budget.budget
-            } else {
-                budget.target
-            };
-            if plan.total() > target {
-                let goals = Goals {
-                    target,
-                    limit: budget.budget,
-                    floor: budget.floor,
-                    small_max: cfg.user_verbatim_max_tokens,
-                    min_tokens: cfg.elide_min_tokens,
-                };
-                // Tier 4 only when it cut something: a prompt over target that it cannot
-                // cut (all of it a current turn that fits) is forwarded as it was.
-                if plan.fallback(goals, protect, &mut counter)? {
-                    report.tier = Tier::Fallback;
-                }
-            }
+    /// Below the trigger without stored blocks (or with compaction off), measured from
+    /// the messages' text (and cached counts) alone: nothing is parsed. `None` when the
+    /// request must be planned.
+    fn below_trigger_unparsed(
+        &self,
+        request: &ChatRequest,
+        state: &mut SessionState,
+        budget: &Budget,
+        opts: &Options,
+    ) -> Option<Report> {
+        let cfg = &self.cfg;
+        if opts.force || (!state.blocks.is_empty() && cfg.enabled) {
+            return None;
         }
-
-        *cut = plan.cut_items(msgs, blocks.last().map_or(0, |b| b.end))?;
-        *cut_postponed = report.fold_postponed && !cut.is_empty();
-        let forwarded = plan.messages();
-        report.account(&plan, msgs.len());
-        if same_messages(&forwarded, msgs) {
-            return Ok(Outcome::Unchanged { report });
+        let (msgs, tools_raw) = (request.messages(), request.tools_raw());
+        let counter = Counter { encoding: budget.encoding, cache: &mut state.token_cache };
+        let upper = counter.message_upper_bound_total(msgs, tools_raw);
+        if upper > budget.trigger && cfg.enabled {
+            return None;
         }
-        let out = request.with_messages(forwarded);
-        Ok(Outcome::Compacted { body: out.to_vec(), request: out, report })
+        let mut report = Report::new(budget.clone(), opts.force, msgs.len(), 0, 0);
+        let estimate = counter.estimate_total(msgs, tools_raw).min(upper);
+        report.tokens_before = estimate;
+        report.tokens_before_exact = false;
+        report.tokens_after = estimate;
+        report.fits = upper <= report.budget.budget;
+        Some(report)
     }
 
     /// Summarizes the next fold outside the request path and keeps it as
@@ -535,35 +300,6 @@ impl Engine {
             .map(|(_, b)| b);
         Ok(state.pending.is_some())
     }
-
-    /// Where the new fold ends: the turn tail, or deeper inside a live turn when folding
-    /// up to the turn tail would predictably still miss the target.
-    #[allow(clippy::too_many_arguments)]
-    fn fold_end(
-        &self,
-        msgs: &[Arc<Message>],
-        tokens: &[usize],
-        plan: &Plan,
-        blocks_end: usize,
-        tail0: usize,
-        tail1: usize,
-        budget: &Budget,
-    ) -> usize {
-        if tail1 <= tail0 {
-            return tail0;
-        }
-        let keep = Keep::new(msgs, &self.cfg);
-        let before_blocks: usize =
-            plan.items.iter().filter(|i| i.pos < blocks_end).map(|i| i.tokens).sum();
-        let kept_in_region: usize = (blocks_end..tail0)
-            .filter(|&i| keep.is_verbatim(msgs, tokens, i))
-            .map(|i| tokens[i])
-            .sum();
-        let rest: usize = tokens[tail0..].iter().sum();
-        let predicted =
-            plan.fixed + before_blocks + kept_in_region + self.cfg.digest_max_tokens + rest;
-        if predicted > budget.target { tail1 } else { tail0 }
-    }
 }
 
 /// How many files the newest assistant message of `msgs` reads that the stored `blocks`
@@ -597,55 +333,6 @@ fn rereads(blocks: &[FoldBlock], msgs: &[Arc<Message>]) -> usize {
             since.get(TrailKind::File, path).is_none_or(|e| e.state == TrailState::Named)
         })
         .count()
-}
-
-fn same_messages(a: &[Arc<Message>], b: &[Arc<Message>]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.hash() == y.hash() && x.raw() == y.raw())
-}
-
-/// What every plan of one request is built from.
-struct Sources<'a> {
-    msgs: &'a [Arc<Message>],
-    units: &'a [Unit],
-    tokens: &'a [usize],
-    fixed: usize,
-    keep: &'a Keep,
-}
-
-impl Sources<'_> {
-    /// The plan of `blocks` followed by the originals after them.
-    fn plan(&self, blocks: &[FoldBlock], counter: &mut Counter<'_>) -> Result<Plan, ModelError> {
-        Plan::build(blocks, self.msgs, self.units, self.tokens, self.fixed, self.keep, counter)
-    }
-}
-
-/// The plan with `folded`'s block added to `blocks` (in place of the blocks it absorbed),
-/// or `None`, leaving `blocks` as they were, when the block would not make the prompt
-/// smaller than `plan`.
-fn with_block(
-    blocks: &mut Vec<FoldBlock>,
-    folded: Folded,
-    plan: &Plan,
-    src: &Sources<'_>,
-    counter: &mut Counter<'_>,
-    report: &mut Report,
-) -> Result<Option<Plan>, CompactionError> {
-    let saved = blocks.clone();
-    add_block(blocks, folded.block.clone());
-    let built = src.plan(blocks, counter)?;
-    if built.total() >= plan.total() {
-        *blocks = saved;
-        report.folds_rejected += 1;
-        return Ok(None);
-    }
-    if folded.block.start == 0 {
-        report.blocks_absorbed += saved.len();
-    }
-    report.summarizer = Some(folded.block.summarizer.clone());
-    report.summarizer_error = folded.error;
-    report.artifact_recall = folded.block.artifact_recall;
-    report.blocks_new += 1;
-    Ok(Some(built))
 }
 
 #[cfg(test)]

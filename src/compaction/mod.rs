@@ -16,6 +16,7 @@ pub mod fold;
 pub mod keep;
 pub mod plan;
 pub mod report;
+mod request;
 pub mod tokens;
 pub mod trail;
 pub mod units;
