@@ -133,6 +133,159 @@ fn status_class_index(status: u16) -> usize {
     }
 }
 
+/// A metric's name (after `foldgate_`), help text and label names.
+struct Spec {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+}
+
+const REQUESTS: Spec = Spec {
+    name: "requests_total",
+    help: "Requests by route and status class.",
+    labels: &["route", "status_class"],
+};
+
+const CHAT_REQUESTS: Spec = Spec {
+    name: "chat_requests_total",
+    help: "Requests of compacted routes (chat completions, responses, messages) by route and outcome.",
+    labels: &["route", "outcome"],
+};
+
+const PROMPT_TOKENS_BEFORE: Spec = Spec {
+    name: "prompt_tokens_before_total",
+    help: "Prompt tokens of requests of compacted routes as received.",
+    labels: &["route", "model"],
+};
+
+const PROMPT_TOKENS_AFTER: Spec = Spec {
+    name: "prompt_tokens_after_total",
+    help: "Prompt tokens of requests of compacted routes as forwarded.",
+    labels: &["route", "model"],
+};
+
+const TOKENS_SAVED: Spec = Spec {
+    name: "tokens_saved_total",
+    help: "Prompt tokens removed by compaction (before minus after).",
+    labels: &["route", "model"],
+};
+
+const COMPACTION_RATIO: Spec = Spec {
+    name: "compaction_ratio",
+    help: "Forwarded over original prompt tokens of compacted requests.",
+    labels: &[],
+};
+
+const COMPACTIONS: Spec = Spec {
+    name: "compactions_total",
+    help: "Compactions by highest tier applied and outcome.",
+    labels: &["tier", "outcome"],
+};
+
+const FOLD_WAIT: Spec = Spec {
+    name: "fold_wait_seconds",
+    help: "How long compacted chat requests waited for a digest; 0 when they did not.",
+    labels: &[],
+};
+
+const SUMMARIZER_DURATION: Spec = Spec {
+    name: "summarizer_duration_seconds",
+    help: "Duration of summarizer calls.",
+    labels: &["summarizer"],
+};
+
+const SUMMARIZER_FAILURES: Spec = Spec {
+    name: "summarizer_failures_total",
+    help: "Summarizer failures by reason.",
+    labels: &["reason"],
+};
+
+const ARTIFACT_RECALL: Spec = Spec {
+    name: "artifact_recall",
+    help: "Share of a fold's artifacts found in its digest before missing ones were appended.",
+    labels: &[],
+};
+
+const UPSTREAM_TTFB: Spec = Spec {
+    name: "upstream_ttfb_seconds",
+    help: "Time from the upstream send to its response headers.",
+    labels: &["route"],
+};
+
+const PROXY_OVERHEAD: Spec = Spec {
+    name: "proxy_overhead_seconds",
+    help: "Time spent before the upstream send (reading, compacting).",
+    labels: &["route"],
+};
+
+const UPSTREAM_USAGE_TOKENS: Spec = Spec {
+    name: "upstream_usage_tokens_total",
+    help: "Token usage reported by the upstream.",
+    labels: &["model", "kind"],
+};
+
+const STORE_ERRORS: Spec = Spec {
+    name: "session_store_errors_total",
+    help: "Session store failures by operation; the request went on without stored state.",
+    labels: &["op"],
+};
+
+const STORE_DURATION: Spec = Spec {
+    name: "session_store_duration_seconds",
+    help: "Duration of session store operations (failed ones included), by operation.",
+    labels: &["op"],
+};
+
+const OVERFLOW_RETRIES: Spec = Spec {
+    name: "overflow_retries_total",
+    help: "Retries after a context-length error, by result.",
+    labels: &["result"],
+};
+
+const TRAIL_REREADS: Spec = Spec {
+    name: "trail_rereads_total",
+    help: "Reads of a file a fold already holds unchanged (the agent reading again what it had), by route.",
+    labels: &["route"],
+};
+
+const LEARNED_WINDOWS: Spec = Spec {
+    name: "learned_windows_total",
+    help: "Context windows learned from overflow errors (learned), and chat requests planned against one (applied).",
+    labels: &["event"],
+};
+
+/// Creates metrics from their [`Spec`]s and registers them.
+struct Registrar<'r> {
+    registry: &'r Registry,
+}
+
+impl Registrar<'_> {
+    fn counter(&self, spec: &Spec) -> Result<IntCounterVec, MetricsError> {
+        let c = IntCounterVec::new(
+            Opts::new(format!("foldgate_{}", spec.name), spec.help),
+            spec.labels,
+        )?;
+        self.registry.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
+    fn histogram(&self, spec: &Spec, buckets: &[f64]) -> Result<HistogramVec, MetricsError> {
+        let opts = HistogramOpts::new(format!("foldgate_{}", spec.name), spec.help)
+            .buckets(buckets.to_vec());
+        let h = HistogramVec::new(opts, spec.labels)?;
+        self.registry.register(Box::new(h.clone()))?;
+        Ok(h)
+    }
+
+    fn plain_histogram(&self, spec: &Spec, buckets: &[f64]) -> Result<Histogram, MetricsError> {
+        let opts = HistogramOpts::new(format!("foldgate_{}", spec.name), spec.help)
+            .buckets(buckets.to_vec());
+        let h = Histogram::with_opts(opts)?;
+        self.registry.register(Box::new(h.clone()))?;
+        Ok(h)
+    }
+}
+
 /// Children of the labelled metrics every request touches, looked up once each: a
 /// lookup hashes the label values, which would otherwise happen on every request. Each
 /// is resolved on first use, so the exposition still lists only series that occurred.
@@ -262,135 +415,31 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Result<Self, MetricsError> {
         let registry = Registry::new();
-        let counter =
-            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, MetricsError> {
-                let c = IntCounterVec::new(Opts::new(format!("foldgate_{name}"), help), labels)?;
-                registry.register(Box::new(c.clone()))?;
-                Ok(c)
-            };
-        let histogram = |name: &str,
-                         help: &str,
-                         labels: &[&str],
-                         buckets: &[f64]|
-         -> Result<HistogramVec, MetricsError> {
-            let opts =
-                HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
-            let h = HistogramVec::new(opts, labels)?;
-            registry.register(Box::new(h.clone()))?;
-            Ok(h)
-        };
-        let plain_histogram =
-            |name: &str, help: &str, buckets: &[f64]| -> Result<Histogram, MetricsError> {
-                let opts =
-                    HistogramOpts::new(format!("foldgate_{name}"), help).buckets(buckets.to_vec());
-                let h = Histogram::with_opts(opts)?;
-                registry.register(Box::new(h.clone()))?;
-                Ok(h)
-            };
+        let r = Registrar { registry: &registry };
         let active_sessions =
             IntGauge::new("foldgate_active_sessions", "Conversations held by the session store.")?;
         registry.register(Box::new(active_sessions.clone()))?;
         Ok(Self {
-            requests: counter(
-                "requests_total",
-                "Requests by route and status class.",
-                &["route", "status_class"],
-            )?,
-            chat_requests: counter(
-                "chat_requests_total",
-                "Requests of compacted routes (chat completions, responses, messages) by route and outcome.",
-                &["route", "outcome"],
-            )?,
-            prompt_tokens_before: counter(
-                "prompt_tokens_before_total",
-                "Prompt tokens of requests of compacted routes as received.",
-                &["route", "model"],
-            )?,
-            prompt_tokens_after: counter(
-                "prompt_tokens_after_total",
-                "Prompt tokens of requests of compacted routes as forwarded.",
-                &["route", "model"],
-            )?,
-            tokens_saved: counter(
-                "tokens_saved_total",
-                "Prompt tokens removed by compaction (before minus after).",
-                &["route", "model"],
-            )?,
-            compaction_ratio: plain_histogram(
-                "compaction_ratio",
-                "Forwarded over original prompt tokens of compacted requests.",
-                &RATIO_BUCKETS,
-            )?,
-            compactions: counter(
-                "compactions_total",
-                "Compactions by highest tier applied and outcome.",
-                &["tier", "outcome"],
-            )?,
-            fold_wait: plain_histogram(
-                "fold_wait_seconds",
-                "How long compacted chat requests waited for a digest; 0 when they did not.",
-                &WAIT_BUCKETS,
-            )?,
-            summarizer_duration: histogram(
-                "summarizer_duration_seconds",
-                "Duration of summarizer calls.",
-                &["summarizer"],
-                &SLOW_BUCKETS,
-            )?,
-            summarizer_failures: counter(
-                "summarizer_failures_total",
-                "Summarizer failures by reason.",
-                &["reason"],
-            )?,
-            artifact_recall: plain_histogram(
-                "artifact_recall",
-                "Share of a fold's artifacts found in its digest before missing ones were appended.",
-                &RATIO_BUCKETS,
-            )?,
-            upstream_ttfb: histogram(
-                "upstream_ttfb_seconds",
-                "Time from the upstream send to its response headers.",
-                &["route"],
-                &SLOW_BUCKETS,
-            )?,
-            proxy_overhead: histogram(
-                "proxy_overhead_seconds",
-                "Time spent before the upstream send (reading, compacting).",
-                &["route"],
-                &LATENCY_BUCKETS,
-            )?,
-            upstream_usage_tokens: counter(
-                "upstream_usage_tokens_total",
-                "Token usage reported by the upstream.",
-                &["model", "kind"],
-            )?,
+            requests: r.counter(&REQUESTS)?,
+            chat_requests: r.counter(&CHAT_REQUESTS)?,
+            prompt_tokens_before: r.counter(&PROMPT_TOKENS_BEFORE)?,
+            prompt_tokens_after: r.counter(&PROMPT_TOKENS_AFTER)?,
+            tokens_saved: r.counter(&TOKENS_SAVED)?,
+            compaction_ratio: r.plain_histogram(&COMPACTION_RATIO, &RATIO_BUCKETS)?,
+            compactions: r.counter(&COMPACTIONS)?,
+            fold_wait: r.plain_histogram(&FOLD_WAIT, &WAIT_BUCKETS)?,
+            summarizer_duration: r.histogram(&SUMMARIZER_DURATION, &SLOW_BUCKETS)?,
+            summarizer_failures: r.counter(&SUMMARIZER_FAILURES)?,
+            artifact_recall: r.plain_histogram(&ARTIFACT_RECALL, &RATIO_BUCKETS)?,
+            upstream_ttfb: r.histogram(&UPSTREAM_TTFB, &SLOW_BUCKETS)?,
+            proxy_overhead: r.histogram(&PROXY_OVERHEAD, &LATENCY_BUCKETS)?,
+            upstream_usage_tokens: r.counter(&UPSTREAM_USAGE_TOKENS)?,
             active_sessions,
-            store_errors: counter(
-                "session_store_errors_total",
-                "Session store failures by operation; the request went on without stored state.",
-                &["op"],
-            )?,
-            store_duration: histogram(
-                "session_store_duration_seconds",
-                "Duration of session store operations (failed ones included), by operation.",
-                &["op"],
-                &STORE_BUCKETS,
-            )?,
-            overflow_retries: counter(
-                "overflow_retries_total",
-                "Retries after a context-length error, by result.",
-                &["result"],
-            )?,
-            trail_rereads: counter(
-                "trail_rereads_total",
-                "Reads of a file a fold already holds unchanged (the agent reading again what it had), by route.",
-                &["route"],
-            )?,
-            learned_windows: counter(
-                "learned_windows_total",
-                "Context windows learned from overflow errors (learned), and chat requests planned against one (applied).",
-                &["event"],
-            )?,
+            store_errors: r.counter(&STORE_ERRORS)?,
+            store_duration: r.histogram(&STORE_DURATION, &STORE_BUCKETS)?,
+            overflow_retries: r.counter(&OVERFLOW_RETRIES)?,
+            trail_rereads: r.counter(&TRAIL_REREADS)?,
+            learned_windows: r.counter(&LEARNED_WINDOWS)?,
             registry,
             per_request: PerRequest::default(),
         }

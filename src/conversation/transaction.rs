@@ -44,22 +44,7 @@ impl Inner {
         deadline: Instant,
     ) -> Decision {
         let _guard = self.locks.lock(key).await;
-        let mut store_error = false;
-        let (mut state, revision) = match self.store.load(key).await {
-            Ok(found) => found.map_or_else(Default::default, |l| (l.state, l.revision)),
-            Err(e) => {
-                log_store_error(
-                    &e,
-                    self.store.name(),
-                    "session load failed; compacting without stored state",
-                );
-                store_error = true;
-                (SessionState::default(), 0)
-            }
-        };
-        if let Some(counts) = &self.counts {
-            state.token_cache = counts.take(key);
-        }
+        let (mut state, revision, mut store_error) = self.load(key).await;
         let before = fingerprint(&state);
         let token_ratio = state.token_ratio;
         let leased = self.leased(summarizer, key);
@@ -114,6 +99,25 @@ impl Inner {
             token_ratio,
             blocked,
         }
+    }
+}
+
+impl Inner {
+    /// The state of `key` with its revision (and the local token counts, with a shared
+    /// store); a fresh state, and `true`, when the store failed.
+    async fn load(&self, key: &SessionKey) -> (SessionState, u64, bool) {
+        let (mut state, revision, failed) = match self.store.load(key).await {
+            Ok(found) => found.map_or_else(Default::default, |l| (l.state, l.revision, false)),
+            Err(e) => {
+                let message = "session load failed; compacting without stored state";
+                log_store_error(&e, self.store.name(), message);
+                (SessionState::default(), 0, true)
+            }
+        };
+        if let Some(counts) = &self.counts {
+            state.token_cache = counts.take(key);
+        }
+        (state, revision, failed)
     }
 }
 

@@ -246,18 +246,7 @@ impl Server {
         }
         self.state.ready.store(false, Ordering::Release);
         drop(self.listener);
-        tracing::info!(grace = %humantime::format_duration(self.grace), "draining in-flight requests");
-        let draining = std::time::Instant::now();
-        match tokio::time::timeout(self.grace, graceful.shutdown()).await {
-            Ok(()) => tracing::info!("all connections closed"),
-            Err(_) => tracing::warn!(
-                open = connections.len(),
-                "shutdown grace period over; closing remaining connections"
-            ),
-        }
-        // Folds summarized in the background finish within what is left of the grace.
-        let left = self.grace.saturating_sub(draining.elapsed());
-        self.state.turns.conversations.drain(left).await;
+        drain(&self.state, self.grace, graceful, &connections).await;
         connections.abort_all();
         if let Some(task) = sweeper {
             task.abort();
@@ -270,6 +259,27 @@ impl Server {
             task.abort();
         }
     }
+}
+
+/// Lets in-flight requests finish for up to `grace`, then the background folds within
+/// what is left of it (a digest half made is not thrown away).
+async fn drain<T: 'static>(
+    state: &AppState,
+    grace: Duration,
+    graceful: GracefulShutdown,
+    connections: &tokio::task::JoinSet<T>,
+) {
+    tracing::info!(grace = %humantime::format_duration(grace), "draining in-flight requests");
+    let draining = std::time::Instant::now();
+    match tokio::time::timeout(grace, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("all connections closed"),
+        Err(_) => tracing::warn!(
+            open = connections.len(),
+            "shutdown grace period over; closing remaining connections"
+        ),
+    }
+    let left = grace.saturating_sub(draining.elapsed());
+    state.turns.conversations.drain(left).await;
 }
 
 /// Serves `GET <path>` with the metrics on a listener of its own; 404 otherwise.
