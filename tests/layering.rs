@@ -1,4 +1,6 @@
-//! The layering rule: the engine and the leaf modules never import the HTTP stack.
+//! The layering rules: the engine, the conversation stage and the leaf modules never
+//! import the HTTP stack, and the stages depend one way (the edge on the dialects and
+//! the conversation, the conversation on the engine, the engine on the leaves).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::path::Path;
@@ -6,14 +8,37 @@ use std::path::Path;
 /// Paths that only the HTTP side may name.
 const HTTP_PATHS: [&str; 5] = ["hyper::", "hyper_util::", "http::", "http_body", "tower::"];
 /// The engine and the leaf modules (those present are checked).
-const PURE_MODULES: [&str; 7] = [
+const PURE_MODULES: [&str; 10] = [
     "src/api",
     "src/model.rs",
     "src/outline.rs",
     "src/config",
     "src/compaction",
+    "src/conversation",
+    "src/learned",
     "src/session",
     "src/summarizer/extractive.rs",
+    "src/vocab.rs",
+];
+
+/// Each stage or leaf, and the modules of the crate it must never name: the arrows
+/// point from the edge (`src/http`) to the dialects and the conversation stage, from the
+/// conversation to the engine (`src/compaction`), the store and what is learned from
+/// providers, and from all of them to the leaves (`model`, `config`, `vocab`).
+const ARROWS: [(&str, &[&str]); 9] = [
+    ("src/vocab.rs", &["crate::"]),
+    ("src/model.rs", &["crate::"]),
+    ("src/config", &["crate::compaction", "crate::conversation", "crate::http", "crate::session"]),
+    ("src/compaction", &["crate::conversation", "crate::http", "crate::session", "crate::learned"]),
+    ("src/learned", &["crate::conversation", "crate::http", "crate::session"]),
+    ("src/session", &["crate::compaction", "crate::conversation", "crate::http"]),
+    ("src/conversation", &["crate::http", "crate::api", "crate::app", "crate::commands"]),
+    ("src/api", &["crate::conversation", "crate::http", "crate::session"]),
+    // Dialects are stateless shapes: they never walk a request themselves.
+    (
+        "src/http/dialect",
+        &["super::turn", "super::handler", "crate::http::turn", "crate::http::handler"],
+    ),
 ];
 
 fn rust_files(path: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -50,6 +75,27 @@ fn engine_and_leaves_do_not_import_http() {
 }
 
 #[test]
+fn stages_depend_one_way() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut offenders = Vec::new();
+    for (module, forbidden) in ARROWS {
+        let mut files = Vec::new();
+        rust_files(&root.join(module), &mut files);
+        assert!(!files.is_empty(), "{module} is gone: update the arrows");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code = text.lines().map(str::trim_start).filter(|l| !l.starts_with("//"));
+            for line in code {
+                if let Some(name) = forbidden.iter().find(|name| line.contains(*name)) {
+                    offenders.push(format!("{} names {name}: {line}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "arrows pointing back:\n{}", offenders.join("\n"));
+}
+
+#[test]
 fn only_the_http_module_and_composition_root_import_hyper() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
@@ -78,15 +124,25 @@ fn only_the_http_module_and_composition_root_import_hyper() {
 
 #[test]
 fn the_metrics_module_owns_its_labels() {
-    // Its labels are its own types: it imports no other module of the crate, so that a
-    // change of the service never changes a metric's labels unseen.
+    // Its labels are its own types or the crate's vocabulary (`src/vocab.rs`, a leaf):
+    // it imports no other module of the crate, so that a change of the service never
+    // changes a metric's labels unseen.
     let text =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"))
             .unwrap();
     let offenders: Vec<&str> = text
         .lines()
         .map(str::trim_start)
-        .filter(|l| !l.starts_with("//") && l.contains("crate::"))
+        .filter(|l| !l.starts_with("//") && l.contains("crate::") && !l.contains("crate::vocab::"))
         .collect();
     assert!(offenders.is_empty(), "metrics.rs names other modules:\n{}", offenders.join("\n"));
+}
+
+#[test]
+fn no_import_cycle_between_modules() {
+    // The crate's top-level modules and the edge's modules (see the script's header).
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/module-cycles.py");
+    let out = std::process::Command::new("python3").arg(&script).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
 }
