@@ -1,8 +1,10 @@
 //! foldgate: a reverse proxy for OpenAI-compatible APIs that transparently compacts
 //! long chat conversations before forwarding them.
 //!
-//! Layering (dependencies point one way): `app` → `http` → `compaction` → `model`;
-//! `config` is a leaf. See `ARCHITECTURE.md`.
+//! Stages (dependencies point one way): the edge (`http`, with its dialects) → the
+//! conversation (`conversation`, with `session` and `learned`) → the engine
+//! (`compaction`) → `model`; `config`, `model` and `vocab` are leaves. See
+//! `ARCHITECTURE.md`.
 
 pub mod api;
 pub mod app;
