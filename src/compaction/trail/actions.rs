@@ -70,7 +70,6 @@ pub(super) const MAX_ARG: usize = 80;
 
 /// The actions of one tool call.
 pub(super) fn call_actions(name: &str, args: &str, open_file: &Option<String>) -> Vec<Action> {
-    let lower = name.to_ascii_lowercase();
     let parsed: Option<serde_json::Map<String, Value>> = match serde_json::from_str(args) {
         Ok(Value::Object(map)) => Some(map),
         _ => None,
@@ -84,32 +83,15 @@ pub(super) fn call_actions(name: &str, args: &str, open_file: &Option<String>) -
         return vec![Action::Command { subject: format!("{name}()"), tests: false, quiet: false }];
     };
     let str_arg = |k: &str| map.get(k).and_then(Value::as_str);
-    // A shell: its command line, parsed.
-    let command = COMMAND_KEYS.iter().find_map(|k| match map.get(*k) {
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Array(argv)) => {
-            let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
-            (!words.is_empty()).then(|| words.join(" "))
-        }
-        _ => None,
-    });
     let path = PATH_KEYS.iter().find_map(|k| str_arg(k)).map(str::trim).filter(|p| !p.is_empty());
     // An editor tool: a sub-command and a path (str_replace_editor, text editors).
     if let (Some(sub), Some(path)) = (str_arg("command"), path) {
-        let op = match sub {
-            "view" | "read" | "open" => Some(FileOp::Read),
-            "create" | "write" => Some(FileOp::Create),
-            "str_replace" | "insert" | "undo_edit" | "edit" | "replace" | "append" => {
-                Some(FileOp::Edit)
-            }
-            "delete" | "remove" => Some(FileOp::Delete),
-            _ => None,
-        };
-        if let Some(op) = op {
+        if let Some(op) = editor_op(sub) {
             return vec![Action::File { path: path.to_owned(), op }];
         }
     }
-    if let Some(command) = command {
+    // A shell: its command line, parsed.
+    if let Some(command) = shell_command_arg(&map) {
         let mut out = shell_actions(&command, open_file);
         if let Some(path) = path {
             out.push(Action::File { path: path.to_owned(), op: FileOp::Read });
@@ -122,6 +104,46 @@ pub(super) fn call_actions(name: &str, args: &str, open_file: &Option<String>) -
             return files;
         }
     }
+    file_tool_actions(name, &map, open_file)
+}
+
+/// The shell command line of a call's arguments: the first [`COMMAND_KEYS`] value that is
+/// a string, or an argument vector (joined with spaces).
+fn shell_command_arg(map: &serde_json::Map<String, Value>) -> Option<String> {
+    COMMAND_KEYS.iter().find_map(|k| match map.get(*k) {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(argv)) => {
+            let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
+            (!words.is_empty()).then(|| words.join(" "))
+        }
+        _ => None,
+    })
+}
+
+/// What an editor tool's sub-command (`view`, `create`, `str_replace`, ...) does to its
+/// path; `None` for one that is not an editor's.
+fn editor_op(sub: &str) -> Option<FileOp> {
+    match sub {
+        "view" | "read" | "open" => Some(FileOp::Read),
+        "create" | "write" => Some(FileOp::Create),
+        "str_replace" | "insert" | "undo_edit" | "edit" | "replace" | "append" => {
+            Some(FileOp::Edit)
+        }
+        "delete" | "remove" => Some(FileOp::Delete),
+        _ => None,
+    }
+}
+
+/// The actions of a call that is neither an editor, a shell nor a patch: what a file
+/// tool's name says it does to the files its arguments name, and the call itself (its
+/// name and short naming arguments) unless it changed files.
+fn file_tool_actions(
+    name: &str,
+    map: &serde_json::Map<String, Value>,
+    open_file: &Option<String>,
+) -> Vec<Action> {
+    let lower = name.to_ascii_lowercase();
+    let str_arg = |k: &str| map.get(k).and_then(Value::as_str);
     let mut out = Vec::new();
     // A file tool: what its name says it does to the files its arguments name.
     let op = file_op_of_tool(&lower);
@@ -147,8 +169,21 @@ pub(super) fn call_actions(name: &str, args: &str, open_file: &Option<String>) -
         return out;
     }
     // Any other call: its name and the short arguments that name things.
-    let named: Vec<String> = map
-        .iter()
+    let named = naming_args(map);
+    if out.is_empty() || !named.is_empty() {
+        out.push(Action::Command {
+            subject: format!("{name}({})", named.join(", ")),
+            tests: false,
+            quiet: false,
+        });
+    }
+    out
+}
+
+/// Up to four `key=value` arguments of a call that name things: short one-line strings,
+/// numbers and booleans, neither free text nor paths.
+fn naming_args(map: &serde_json::Map<String, Value>) -> Vec<String> {
+    map.iter()
         .filter(|(k, _)| !TEXT_KEYS.contains(&k.as_str()) && !PATH_KEYS.contains(&k.as_str()))
         .filter_map(|(k, v)| {
             let v = match v {
@@ -160,15 +195,7 @@ pub(super) fn call_actions(name: &str, args: &str, open_file: &Option<String>) -
             Some(format!("{k}={v}"))
         })
         .take(4)
-        .collect();
-    if out.is_empty() || !named.is_empty() {
-        out.push(Action::Command {
-            subject: format!("{name}({})", named.join(", ")),
-            tests: false,
-            quiet: false,
-        });
-    }
-    out
+        .collect()
 }
 
 /// What a file tool does by its name (`write_file`, `delete_file`, `read_file`).
@@ -332,104 +359,140 @@ pub(super) enum Token {
 /// Splits a shell line into words, redirections and separators (quotes, backslashes and
 /// comments handled; expansions left as written).
 pub(super) fn shell_tokens(line: &str) -> Vec<Token> {
-    let mut out = Vec::new();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut chars = line.chars().peekable();
-    let flush = |word: &mut String, in_word: &mut bool, out: &mut Vec<Token>| {
-        if *in_word {
-            out.push(Token::Word(std::mem::take(word)));
-            *in_word = false;
-        }
+    let mut lexer = Lexer {
+        chars: line.chars().peekable(),
+        out: Vec::new(),
+        word: String::new(),
+        in_word: false,
     };
-    while let Some(c) = chars.next() {
+    while let Some(c) = lexer.chars.next() {
         match c {
-            '\'' => {
-                in_word = true;
-                for q in chars.by_ref() {
-                    if q == '\'' {
-                        break;
-                    }
-                    word.push(q);
-                }
-            }
-            '"' => {
-                in_word = true;
-                while let Some(q) = chars.next() {
-                    match q {
-                        '"' => break,
-                        '\\' => {
-                            if let Some(n) = chars.next() {
-                                word.push(n);
-                            }
-                        }
-                        _ => word.push(q),
-                    }
-                }
-            }
-            '\\' => {
-                in_word = true;
-                if let Some(n) = chars.next() {
-                    word.push(n);
-                }
-            }
-            '#' if !in_word => break,
-            ' ' | '\t' => flush(&mut word, &mut in_word, &mut out),
-            ';' | '|' | '&' => {
-                // `2>&1`, `&>`: part of a redirection, not a separator.
-                if c == '&' && matches!(out.last(), Some(Token::Redirect(_))) && !in_word {
-                    while chars.peek().is_some_and(char::is_ascii_digit) {
-                        chars.next();
-                    }
-                    out.pop();
-                    continue;
-                }
-                flush(&mut word, &mut in_word, &mut out);
-                if c == '&' && chars.peek() == Some(&'>') {
-                    chars.next();
-                    out.push(Token::Redirect(">"));
-                    continue;
-                }
-                if chars.peek() == Some(&c) {
-                    chars.next();
-                }
-                out.push(Token::Sep);
-            }
-            '>' | '<' => {
-                // A file descriptor right before it (`2>`) is not a word.
-                if in_word && word.chars().all(|d| d.is_ascii_digit()) {
-                    word.clear();
-                    in_word = false;
-                }
-                flush(&mut word, &mut in_word, &mut out);
-                let op = if chars.peek() == Some(&c) {
-                    chars.next();
-                    if c == '>' { ">>" } else { "<<" }
-                } else if c == '>' {
-                    ">"
-                } else {
-                    "<"
-                };
-                if op == "<<" && chars.peek() == Some(&'<') {
-                    // A here-string: its word is text, not a file.
-                    chars.next();
-                    out.push(Token::Redirect("<<<"));
-                    continue;
-                }
-                if chars.peek() == Some(&'-') && op == "<<" {
-                    chars.next();
-                }
-                out.push(Token::Redirect(op));
-            }
-            '(' | ')' if !in_word => flush(&mut word, &mut in_word, &mut out),
+            '\'' => lexer.single_quoted(),
+            '"' => lexer.double_quoted(),
+            '\\' => lexer.escaped(),
+            '#' if !lexer.in_word => break,
+            ' ' | '\t' => lexer.flush(),
+            ';' | '|' | '&' => lexer.separator(c),
+            '>' | '<' => lexer.redirection(c),
+            '(' | ')' if !lexer.in_word => lexer.flush(),
             _ => {
-                in_word = true;
-                word.push(c);
+                lexer.in_word = true;
+                lexer.word.push(c);
             }
         }
     }
-    flush(&mut word, &mut in_word, &mut out);
-    out
+    lexer.flush();
+    lexer.out
+}
+
+/// The state of [`shell_tokens`] along a line: what is left of it, the tokens so far and
+/// the word being read.
+struct Lexer<'l> {
+    /// The rest of the line.
+    chars: std::iter::Peekable<std::str::Chars<'l>>,
+    /// The tokens so far.
+    out: Vec<Token>,
+    /// The word being read, quotes removed.
+    word: String,
+    /// A word is being read (also an empty one, `''`).
+    in_word: bool,
+}
+
+impl Lexer<'_> {
+    /// Ends the word being read, if any.
+    fn flush(&mut self) {
+        if self.in_word {
+            self.out.push(Token::Word(std::mem::take(&mut self.word)));
+            self.in_word = false;
+        }
+    }
+
+    /// After `'`: the text up to the closing quote, as it is.
+    fn single_quoted(&mut self) {
+        self.in_word = true;
+        for q in self.chars.by_ref() {
+            if q == '\'' {
+                break;
+            }
+            self.word.push(q);
+        }
+    }
+
+    /// After `"`: the text up to the closing quote, backslashes removed.
+    fn double_quoted(&mut self) {
+        self.in_word = true;
+        while let Some(q) = self.chars.next() {
+            match q {
+                '"' => break,
+                '\\' => {
+                    if let Some(n) = self.chars.next() {
+                        self.word.push(n);
+                    }
+                }
+                _ => self.word.push(q),
+            }
+        }
+    }
+
+    /// After `\`: the next character, as it is.
+    fn escaped(&mut self) {
+        self.in_word = true;
+        if let Some(n) = self.chars.next() {
+            self.word.push(n);
+        }
+    }
+
+    /// After `;`, `|` or `&` (`c`): a separator (doubled or not), or part of a
+    /// redirection (`2>&1`, `&>`).
+    fn separator(&mut self, c: char) {
+        // `2>&1`, `&>`: part of a redirection, not a separator.
+        if c == '&' && matches!(self.out.last(), Some(Token::Redirect(_))) && !self.in_word {
+            while self.chars.peek().is_some_and(char::is_ascii_digit) {
+                self.chars.next();
+            }
+            self.out.pop();
+            return;
+        }
+        self.flush();
+        if c == '&' && self.chars.peek() == Some(&'>') {
+            self.chars.next();
+            self.out.push(Token::Redirect(">"));
+            return;
+        }
+        if self.chars.peek() == Some(&c) {
+            self.chars.next();
+        }
+        self.out.push(Token::Sep);
+    }
+
+    /// After `>` or `<` (`c`): a redirection (`>`, `>>`, `<`, `<<`, `<<-`, or the
+    /// here-string `<<<`).
+    fn redirection(&mut self, c: char) {
+        // A file descriptor right before it (`2>`) is not a word.
+        if self.in_word && self.word.chars().all(|d| d.is_ascii_digit()) {
+            self.word.clear();
+            self.in_word = false;
+        }
+        self.flush();
+        let op = if self.chars.peek() == Some(&c) {
+            self.chars.next();
+            if c == '>' { ">>" } else { "<<" }
+        } else if c == '>' {
+            ">"
+        } else {
+            "<"
+        };
+        if op == "<<" && self.chars.peek() == Some(&'<') {
+            // A here-string: its word is text, not a file.
+            self.chars.next();
+            self.out.push(Token::Redirect("<<<"));
+            return;
+        }
+        if self.chars.peek() == Some(&'-') && op == "<<" {
+            self.chars.next();
+        }
+        self.out.push(Token::Redirect(op));
+    }
 }
 
 /// What a simple command was.
@@ -464,6 +527,29 @@ pub(super) fn simple_command(
     out: &mut Vec<Action>,
     heredoc: &mut Option<String>,
 ) -> Simple {
+    let words = command_words(tokens, line, out, heredoc);
+    let words = &words[wrapper_words(&words)..];
+    let Some((&verb, args)) = words.split_first() else {
+        return Simple { looks: true, tests: false };
+    };
+    let base = verb.rsplit('/').next().unwrap_or(verb);
+    let command = Invocation { base, args, operands: operands(base, args), line };
+    let tests = runs_tests(base, args);
+    let (looks, tests_named) = match file_changer(&command, out) {
+        Some(looks) => (looks, false),
+        None => other_command(&command, open_file, out),
+    };
+    Simple { looks, tests: tests || tests_named }
+}
+
+/// The words of a simple command, with the files its redirections read and write
+/// recorded into `out` and the end word of a here-document into `heredoc`.
+fn command_words<'t>(
+    tokens: &'t [Token],
+    line: &str,
+    out: &mut Vec<Action>,
+    heredoc: &mut Option<String>,
+) -> Vec<&'t str> {
     let mut words: Vec<&str> = Vec::new();
     let mut redirect: Option<&str> = None;
     for t in tokens {
@@ -485,7 +571,12 @@ pub(super) fn simple_command(
             (Token::Sep, _) => {}
         }
     }
-    // Skip what only wraps the command: assignments, sudo, env, timeout N, time, nohup.
+    words
+}
+
+/// How many leading words only wrap the command: assignments, sudo, env, timeout N,
+/// time, nohup.
+fn wrapper_words(words: &[&str]) -> usize {
     let mut k = 0;
     while k < words.len() {
         let w = words[k];
@@ -498,12 +589,12 @@ pub(super) fn simple_command(
             break;
         }
     }
-    let words = &words[k.min(words.len())..];
-    let Some((&verb, args)) = words.split_first() else {
-        return Simple { looks: true, tests: false };
-    };
-    let base = verb.rsplit('/').next().unwrap_or(verb);
-    // Operands: the words that are not options nor an option's value.
+    k.min(words.len())
+}
+
+/// The operands of a command `base` called with `args`: the words that are not options
+/// nor an option's value.
+fn operands<'a>(base: &str, args: &[&'a str]) -> Vec<&'a str> {
     let valued: &[&str] = match base {
         _ if PATTERN_FIRST.contains(&base) => &["-A", "-B", "-C", "-m", "--max-count", "-g", "-t"],
         "head" | "tail" => &["-n", "-c"],
@@ -524,97 +615,132 @@ pub(super) fn simple_command(
             operands.push(a);
         }
     }
-    let files = |ops: &[&str], op: FileOp, out: &mut Vec<Action>| {
-        for p in ops.iter().filter(|p| is_path_word(p) && line.contains(**p)) {
-            out.push(Action::File { path: (*p).to_owned(), op });
-        }
-    };
-    let mut looks = false;
-    let mut tests = TEST_RUNNERS.contains(&base)
+    operands
+}
+
+/// True for a command that runs tests by its name and first arguments (`pytest`,
+/// `python -m pytest`, `cargo test`).
+fn runs_tests(base: &str, args: &[&str]) -> bool {
+    TEST_RUNNERS.contains(&base)
         || (base.starts_with("python") && args.windows(2).any(|w| w == ["-m", "pytest"]))
         || (matches!(base, "cargo" | "go" | "npm" | "yarn" | "make")
-            && args.first() == Some(&"test"));
-    match base {
+            && args.first() == Some(&"test"))
+}
+
+/// One simple command: its verb's base name, its arguments and operands, and the line
+/// it was written on.
+struct Invocation<'a> {
+    /// The verb without its directory (`python3`, not `/usr/bin/python3`).
+    base: &'a str,
+    /// The words after the verb.
+    args: &'a [&'a str],
+    /// The arguments that are neither options nor an option's value.
+    operands: Vec<&'a str>,
+    /// The line the command was written on.
+    line: &'a str,
+}
+
+impl Invocation<'_> {
+    /// Records into `out` the words of `paths` that name files as `line` writes them,
+    /// each as done by `op`.
+    fn files(&self, paths: &[&str], op: FileOp, out: &mut Vec<Action>) {
+        for p in paths.iter().filter(|p| is_path_word(p) && self.line.contains(**p)) {
+            out.push(Action::File { path: (*p).to_owned(), op });
+        }
+    }
+
+    /// The operands after the first `skip`.
+    fn operands_after(&self, skip: usize) -> Vec<&str> {
+        self.operands.iter().skip(skip).copied().collect()
+    }
+}
+
+/// Records the files of a command that only changes files or looks at them with a
+/// script (`sed`, `perl`, `touch`, `rm`, `mkdir`, `mv`, `cp`, `tee`); whether it only
+/// looks, or `None` for any other command.
+fn file_changer(c: &Invocation<'_>, out: &mut Vec<Action>) -> Option<bool> {
+    match c.base {
         "sed" | "perl" => {
-            let in_place = args
+            let in_place = c
+                .args
                 .iter()
                 .any(|a| a.starts_with("-i") || a.starts_with("-pi") || *a == "--in-place");
-            let scripted = args.iter().any(|a| *a == "-e" || *a == "-f");
-            let skip = usize::from(!scripted);
-            let rest: Vec<&str> = operands.iter().skip(skip).copied().collect();
-            files(&rest, if in_place { FileOp::Edit } else { FileOp::Read }, out);
-            looks = true;
+            let scripted = c.args.iter().any(|a| *a == "-e" || *a == "-f");
+            let rest = c.operands_after(usize::from(!scripted));
+            c.files(&rest, if in_place { FileOp::Edit } else { FileOp::Read }, out);
         }
-        "touch" => {
-            files(&operands, FileOp::Create, out);
-            looks = true;
-        }
-        "rm" | "unlink" => {
-            files(&operands, FileOp::Delete, out);
-            looks = true;
-        }
-        "mkdir" | "chmod" | "chown" => looks = true,
+        "touch" => c.files(&c.operands, FileOp::Create, out),
+        "rm" | "unlink" => c.files(&c.operands, FileOp::Delete, out),
+        "mkdir" | "chmod" | "chown" => {}
         "mv" | "cp" => {
-            if let Some((last, sources)) = operands.split_last() {
-                files(sources, if base == "mv" { FileOp::Delete } else { FileOp::Read }, out);
-                files(&[last], FileOp::Create, out);
+            if let Some((last, sources)) = c.operands.split_last() {
+                c.files(sources, if c.base == "mv" { FileOp::Delete } else { FileOp::Read }, out);
+                c.files(&[last], FileOp::Create, out);
             }
-            looks = true;
         }
-        "tee" => {
-            files(&operands, FileOp::Edit, out);
-            looks = true;
-        }
+        "tee" => c.files(&c.operands, FileOp::Edit, out),
+        _ => return None,
+    }
+    Some(true)
+}
+
+/// Records the files of any other command (interpreters, `find`, `git`, an editor's
+/// commands, searches, lookers); whether it only looks, and whether its operands name a
+/// test runner.
+fn other_command(
+    c: &Invocation<'_>,
+    open_file: &Option<String>,
+    out: &mut Vec<Action>,
+) -> (bool, bool) {
+    let (base, args) = (c.base, c.args);
+    match base {
         "python" | "python3" | "python2" | "node" | "ruby" | "bash" | "sh" => {
             if args.first().is_some_and(|a| *a == "-c" || *a == "-m" || *a == "-e") {
-                let rest: Vec<&str> = operands.iter().skip(1).copied().collect();
-                files(&rest, FileOp::Read, out);
+                c.files(&c.operands_after(1), FileOp::Read, out);
             } else {
-                files(&operands, FileOp::Read, out);
+                c.files(&c.operands, FileOp::Read, out);
             }
         }
         "find" => {
             let roots: Vec<&str> =
                 args.iter().take_while(|a| !a.starts_with('-')).copied().collect();
-            files(&roots, FileOp::Read, out);
+            c.files(&roots, FileOp::Read, out);
         }
         "git" => {
-            let sub = operands.first().copied().unwrap_or("");
-            let rest: Vec<&str> = operands.iter().skip(1).copied().collect();
+            let sub = c.operands.first().copied().unwrap_or("");
             let op = match sub {
                 "checkout" | "restore" => FileOp::Edit,
                 "rm" => FileOp::Delete,
                 _ => FileOp::Read,
             };
-            files(&rest, op, out);
-            looks = matches!(sub, "diff" | "status" | "log" | "show");
+            c.files(&c.operands_after(1), op, out);
+            return (matches!(sub, "diff" | "status" | "log" | "show"), false);
         }
         "open" | "create" if !args.is_empty() => {
             let op = if base == "create" { FileOp::Create } else { FileOp::Read };
-            let path = operands.first().copied().unwrap_or(args[0]).to_owned();
+            let path = c.operands.first().copied().unwrap_or(args[0]).to_owned();
             out.push(Action::OpenFile(path.clone()));
             out.push(Action::File { path, op });
-            looks = base == "open";
+            return (base == "open", false);
         }
         "edit" | "insert" | "append" => {
             if let Some(p) = open_file {
                 out.push(Action::File { path: p.clone(), op: FileOp::Edit });
             }
         }
-        "goto" | "scroll_up" | "scroll_down" | "submit" => looks = true,
+        "goto" | "scroll_up" | "scroll_down" | "submit" => return (true, false),
         _ if PATTERN_FIRST.contains(&base) => {
             let scripted = args.iter().any(|a| *a == "-e" || *a == "-f");
-            let skip = usize::from(!scripted);
-            let rest: Vec<&str> = operands.iter().skip(skip).copied().collect();
-            files(&rest, FileOp::Read, out);
+            c.files(&c.operands_after(usize::from(!scripted)), FileOp::Read, out);
         }
         _ => {
-            looks = LOOKERS.contains(&base);
-            files(&operands, FileOp::Read, out);
-            tests |= operands.iter().any(|o| o.ends_with("runtests.py") || o.ends_with("bin/test"));
+            c.files(&c.operands, FileOp::Read, out);
+            let tests =
+                c.operands.iter().any(|o| o.ends_with("runtests.py") || o.ends_with("bin/test"));
+            return (LOOKERS.contains(&base), tests);
         }
     }
-    Simple { looks, tests }
+    (false, false)
 }
 
 /// True for a shell word that names a file or directory: a path with a `/`, or a file
