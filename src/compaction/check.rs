@@ -52,12 +52,57 @@ pub fn verify(
             out.push(Violation { check: 1, detail });
         }
     }
+    let essentials = Essentials::of(original, &mut counter);
+    let (guaranteed, missing) = check_user_words(orig, fwd, cfg, budget, &essentials, &mut counter);
+    out.extend(missing);
+    out.extend(check_pinned(fwd, &essentials.pinned));
+    if let Some(start) = essentials.last_user {
+        let besides = essentials.fixed + guaranteed.tokens;
+        out.extend(check_current_turn(orig, fwd, start, besides, budget, &mut counter));
+    }
+    if essentials.tokens <= budget.budget {
+        out.extend(check_fits(fwd, essentials.fixed, budget, &mut counter));
+    }
+    out
+}
 
-    let fixed = counter.tools(original.tools_raw()) + REPLY_PRIMING;
-    let pinned: Vec<&Arc<Message>> = orig.iter().filter(|m| m.role().is_pinned()).collect();
-    let pinned_tokens: usize = pinned.iter().map(|m| counter.message(m)).sum();
-    let last_user = (0..orig.len()).rfind(|&i| is_user_words(orig, i));
-    let last_user_tokens = last_user.map_or(0, |i| counter.message(&orig[i]));
+/// What every forwarded request must hold: the tool definitions and reply priming, the
+/// pinned messages and the last user message.
+struct Essentials<'o> {
+    /// Tokens of the tool definitions and the reply priming.
+    fixed: usize,
+    /// The original's pinned messages, in order.
+    pinned: Vec<&'o Arc<Message>>,
+    /// Index of the original's last user message (the user's words), if any.
+    last_user: Option<usize>,
+    /// Tokens of all of them together.
+    tokens: usize,
+}
+
+impl<'o> Essentials<'o> {
+    /// The essentials of `original`, counted.
+    fn of(original: &'o ChatRequest, counter: &mut Counter<'_>) -> Self {
+        let orig = original.messages();
+        let fixed = counter.tools(original.tools_raw()) + REPLY_PRIMING;
+        let pinned: Vec<&Arc<Message>> = orig.iter().filter(|m| m.role().is_pinned()).collect();
+        let pinned_tokens: usize = pinned.iter().map(|m| counter.message(m)).sum();
+        let last_user = (0..orig.len()).rfind(|&i| is_user_words(orig, i));
+        let last_user_tokens = last_user.map_or(0, |i| counter.message(&orig[i]));
+        Self { fixed, pinned, last_user, tokens: fixed + pinned_tokens + last_user_tokens }
+    }
+}
+
+/// Guarantee 2: which small user messages are guaranteed, and the violation when one of
+/// them (or the last user message) is not forwarded verbatim and in order.
+fn check_user_words(
+    orig: &[Arc<Message>],
+    fwd: &[Arc<Message>],
+    cfg: &CompactionConfig,
+    budget: &Budget,
+    essentials: &Essentials<'_>,
+    counter: &mut Counter<'_>,
+) -> (SmallGuarantee, Option<Violation>) {
+    let last_user = essentials.last_user;
     let small: Vec<(usize, &Arc<Message>, usize)> = orig
         .iter()
         .enumerate()
@@ -65,66 +110,78 @@ pub fn verify(
         .map(|(i, m)| (i, m, counter.message(m)))
         .filter(|(_, _, t)| *t <= cfg.user_verbatim_max_tokens)
         .collect();
-    let essentials = fixed + pinned_tokens + last_user_tokens;
     let sizes = small.iter().filter(|(i, _, _)| Some(*i) != last_user).map(|(_, _, t)| *t);
-    let room = budget.budget.saturating_sub(essentials);
+    let room = budget.budget.saturating_sub(essentials.tokens);
     let guaranteed = SmallGuarantee::of(sizes, budget.floor, room);
     let wanted: Vec<&Arc<Message>> = small
         .iter()
         .filter(|(i, _, t)| Some(*i) == last_user || guaranteed.covers(*t))
         .map(|(_, m, _)| *m)
         .collect();
-    if let Some(missing) = first_missing_subsequence(&wanted, fwd) {
-        out.push(Violation {
-            check: 2,
-            detail: format!("user message {missing} not kept verbatim in order"),
-        });
-    }
+    let violation = first_missing_subsequence(&wanted, fwd).map(|missing| Violation {
+        check: 2,
+        detail: format!("user message {missing} not kept verbatim in order"),
+    });
+    (guaranteed, violation)
+}
 
+/// Guarantee 3: the forwarded pinned messages are the original's `pinned`, unchanged and
+/// in order.
+fn check_pinned(fwd: &[Arc<Message>], pinned: &[&Arc<Message>]) -> Option<Violation> {
     let fwd_pinned: Vec<&Arc<Message>> = fwd.iter().filter(|m| m.role().is_pinned()).collect();
     let same = fwd_pinned.len() == pinned.len()
-        && fwd_pinned.iter().zip(&pinned).all(|(a, b)| a.raw() == b.raw());
-    if !same {
-        out.push(Violation {
-            check: 3,
-            detail: "pinned messages changed, dropped or reordered".to_owned(),
-        });
-    }
+        && fwd_pinned.iter().zip(pinned).all(|(a, b)| a.raw() == b.raw());
+    (!same).then(|| Violation {
+        check: 3,
+        detail: "pinned messages changed, dropped or reordered".to_owned(),
+    })
+}
 
-    if let Some(start) = last_user {
-        let turn = &orig[start..];
-        // Pinned messages inside the turn are counted once, with the turn.
-        let pinned_before: usize =
-            orig[..start].iter().filter(|m| m.role().is_pinned()).map(|m| counter.message(m)).sum();
-        let turn_tokens: usize = turn.iter().map(|m| counter.message(m)).sum();
-        if fixed + pinned_before + guaranteed.tokens + turn_tokens <= budget.budget {
-            let intact = fwd.len() >= turn.len()
-                && fwd[fwd.len() - turn.len()..]
-                    .iter()
-                    .zip(turn)
-                    .all(|(a, b)| a.hash() == b.hash() && a.raw() == b.raw());
-            if !intact {
-                out.push(Violation {
-                    check: 5,
-                    detail: format!(
-                        "the current turn ({} messages, {turn_tokens} tokens) was altered",
-                        turn.len()
-                    ),
-                });
-            }
-        }
+/// Guarantee 5: the current turn (the original's messages from `start`, its last user
+/// message, on) ends the forwarded request intact, whenever it fits the budget beside the
+/// pinned messages before it and `besides` tokens (tools, priming, guaranteed messages).
+fn check_current_turn(
+    orig: &[Arc<Message>],
+    fwd: &[Arc<Message>],
+    start: usize,
+    besides: usize,
+    budget: &Budget,
+    counter: &mut Counter<'_>,
+) -> Option<Violation> {
+    let turn = &orig[start..];
+    // Pinned messages inside the turn are counted once, with the turn.
+    let pinned_before: usize =
+        orig[..start].iter().filter(|m| m.role().is_pinned()).map(|m| counter.message(m)).sum();
+    let turn_tokens: usize = turn.iter().map(|m| counter.message(m)).sum();
+    if besides + pinned_before + turn_tokens > budget.budget {
+        return None;
     }
+    let intact = fwd.len() >= turn.len()
+        && fwd[fwd.len() - turn.len()..]
+            .iter()
+            .zip(turn)
+            .all(|(a, b)| a.hash() == b.hash() && a.raw() == b.raw());
+    (!intact).then(|| Violation {
+        check: 5,
+        detail: format!(
+            "the current turn ({} messages, {turn_tokens} tokens) was altered",
+            turn.len()
+        ),
+    })
+}
 
-    if essentials <= budget.budget {
-        let after = fixed + fwd.iter().map(|m| counter.message(m)).sum::<usize>();
-        if after > budget.budget {
-            out.push(Violation {
-                check: 4,
-                detail: format!("{after} tokens exceed the budget of {}", budget.budget),
-            });
-        }
-    }
-    out
+/// Guarantee 4: the forwarded prompt (its messages and `fixed` tokens) fits the budget.
+fn check_fits(
+    fwd: &[Arc<Message>],
+    fixed: usize,
+    budget: &Budget,
+    counter: &mut Counter<'_>,
+) -> Option<Violation> {
+    let after = fixed + fwd.iter().map(|m| counter.message(m)).sum::<usize>();
+    (after > budget.budget).then(|| Violation {
+        check: 4,
+        detail: format!("{after} tokens exceed the budget of {}", budget.budget),
+    })
 }
 
 /// Which small user messages guarantee (2) covers: the smallest ones first, as many as
