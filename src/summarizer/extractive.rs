@@ -201,9 +201,42 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     let work: Vec<&Arc<Message>> = msgs.iter().filter(|m| !m.is_digest()).collect();
     let user_words: Vec<&Arc<Message>> =
         (0..msgs.len()).filter(|&i| is_user_words(msgs, i)).map(|i| &msgs[i]).collect();
+    let facts = user_constraints(&user_words);
+    let acts = actions(msgs);
+    let milestones = milestone_lines(&acts);
+    let abandoned: Vec<String> = acts
+        .iter()
+        .filter(|a| a.failed)
+        .map(|a| format!("{} failed: {}", a.what, a.result))
+        .collect();
+    let assistant_texts: Vec<String> = work
+        .iter()
+        .filter(|m| m.role() == Role::Assistant)
+        .map(|m| m.text())
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    let decisions = decision_sentences(&assistant_texts);
+    let findings: Vec<String> =
+        assistant_texts.iter().map(|t| format!("I said: {}", clip(first_line(t), 200))).collect();
+    let findings = keep_ends(findings, 2, 8);
+    let state = current_state(msgs.len(), &acts, user_words.len());
+    let open = open_questions(&assistant_texts);
 
+    let mut out = String::new();
+    section(&mut out, "Standing facts & constraints", &facts, share(14));
+    section(&mut out, "Milestones", &milestones, share(8));
+    section(&mut out, "Key decisions", &decisions, share(8));
+    section(&mut out, "Findings", &findings, share(10));
+    section(&mut out, "Attempted & abandoned", &abandoned, share(8));
+    section(&mut out, "Current state", &state, share(5));
+    section(&mut out, "Open items", &open, share(5));
+    out.trim_end().to_owned()
+}
+
+/// The sentences of the user's own messages (not pastes) that state a constraint, quoted.
+fn user_constraints(user_words: &[&Arc<Message>]) -> Vec<String> {
     let mut facts = Vec::new();
-    for m in &user_words {
+    for m in user_words {
         let text = m.text();
         if text.len() > USER_STATEMENT_MAX_CHARS {
             continue;
@@ -215,9 +248,12 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
             }
         }
     }
+    facts
+}
 
-    let acts = actions(msgs);
-    let milestones = keep_ends(
+/// Every action with what came back, the first two and the last eight.
+fn milestone_lines(acts: &[Action]) -> Vec<String> {
+    keep_ends(
         acts.iter()
             .map(|a| {
                 if a.result.is_empty() {
@@ -229,20 +265,12 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
             .collect(),
         2,
         8,
-    );
-    let abandoned: Vec<String> = acts
-        .iter()
-        .filter(|a| a.failed)
-        .map(|a| format!("{} failed: {}", a.what, a.result))
-        .collect();
+    )
+}
 
-    let assistant_texts: Vec<String> = work
-        .iter()
-        .filter(|m| m.role() == Role::Assistant)
-        .map(|m| m.text())
-        .filter(|t| !t.trim().is_empty())
-        .collect();
-    let decisions: Vec<String> = assistant_texts
+/// The sentences of the assistant's texts that give a reason or a choice.
+fn decision_sentences(assistant_texts: &[String]) -> Vec<String> {
+    assistant_texts
         .iter()
         .flat_map(|t| {
             sentences(t)
@@ -250,21 +278,25 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
                 .map(|s| clip(s, 200))
                 .collect::<Vec<_>>()
         })
-        .collect();
-    let findings: Vec<String> =
-        assistant_texts.iter().map(|t| format!("I said: {}", clip(first_line(t), 200))).collect();
-    let findings = keep_ends(findings, 2, 8);
+        .collect()
+}
 
+/// What the fold covers (`messages` messages, `users` of them the user's words) and the
+/// last action in it.
+fn current_state(messages: usize, acts: &[Action], users: usize) -> Vec<String> {
     let calls = acts.len();
-    let users = user_words.len();
     let mut state = vec![format!(
-        "This folds {} earlier messages: {calls} actions, {users} user messages.",
-        msgs.len()
+        "This folds {messages} earlier messages: {calls} actions, {users} user messages."
     )];
     if let Some(last) = acts.last() {
         state.push(format!("My last action here: {}", last.what));
     }
-    let open: Vec<String> = assistant_texts
+    state
+}
+
+/// The questions (up to three) of the assistant's last text.
+fn open_questions(assistant_texts: &[String]) -> Vec<String> {
+    assistant_texts
         .last()
         .map(|t| {
             t.split_inclusive('?')
@@ -273,17 +305,7 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
                 .take(3)
                 .collect()
         })
-        .unwrap_or_default();
-
-    let mut out = String::new();
-    section(&mut out, "Standing facts & constraints", &facts, share(14));
-    section(&mut out, "Milestones", &milestones, share(8));
-    section(&mut out, "Key decisions", &decisions, share(8));
-    section(&mut out, "Findings", &findings, share(10));
-    section(&mut out, "Attempted & abandoned", &abandoned, share(8));
-    section(&mut out, "Current state", &state, share(5));
-    section(&mut out, "Open items", &open, share(5));
-    out.trim_end().to_owned()
+        .unwrap_or_default()
 }
 
 /// The extractive goal history of `msgs` (whole turns, earlier digests included), within
