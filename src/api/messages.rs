@@ -144,32 +144,46 @@ fn neutral_messages(assistant: bool, content: &str) -> Option<Vec<(String, Range
     }
     let hash = |i: usize| format!("{:016x}", xxh3_64(raws[i].get().as_bytes()));
     if assistant {
-        let (mut parts, mut calls) = (Vec::new(), Vec::new());
-        for (i, block) in blocks.iter().enumerate() {
-            if block_type(block) == "tool_use" {
-                let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
-                calls.push(json!({
-                    "id": block.get("id").cloned().unwrap_or(Value::Null),
-                    "type": "function",
-                    "function": {
-                        "name": block.get("name").cloned().unwrap_or(Value::Null),
-                        "arguments": input.to_string(),
-                    },
-                }));
-            } else {
-                parts.push(neutral_part(block, || hash(i)));
-            }
-        }
-        let mut m = Map::new();
-        m.insert("role".into(), json!("assistant"));
-        m.insert("content".into(), if parts.is_empty() { Value::Null } else { parts.into() });
-        if !calls.is_empty() {
-            m.insert("tool_calls".into(), calls.into());
-        }
-        return Some(vec![(serde_json::to_string(&m).ok()?, 0..blocks.len())]);
+        return Some(vec![(neutral_assistant(&blocks, &hash)?, 0..blocks.len())]);
     }
-    // A user message: each `tool_result` a tool message, each run of other blocks one
-    // user message.
+    neutral_user(&blocks, &hash)
+}
+
+/// The one neutral `assistant` message of an assistant message's `blocks`: its
+/// `tool_use` blocks as `tool_calls`, every other block a content part (`hash(i)`: the
+/// hash of block `i`).
+fn neutral_assistant(blocks: &[Value], hash: &impl Fn(usize) -> String) -> Option<String> {
+    let (mut parts, mut calls) = (Vec::new(), Vec::new());
+    for (i, block) in blocks.iter().enumerate() {
+        if block_type(block) == "tool_use" {
+            let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+            calls.push(json!({
+                "id": block.get("id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {
+                    "name": block.get("name").cloned().unwrap_or(Value::Null),
+                    "arguments": input.to_string(),
+                },
+            }));
+        } else {
+            parts.push(neutral_part(block, || hash(i)));
+        }
+    }
+    let mut m = Map::new();
+    m.insert("role".into(), json!("assistant"));
+    m.insert("content".into(), if parts.is_empty() { Value::Null } else { parts.into() });
+    if !calls.is_empty() {
+        m.insert("tool_calls".into(), calls.into());
+    }
+    serde_json::to_string(&m).ok()
+}
+
+/// The neutral messages of a user message's `blocks`: each `tool_result` a tool message,
+/// each run of other blocks one user message, with the blocks each came from.
+fn neutral_user(
+    blocks: &[Value],
+    hash: &impl Fn(usize) -> String,
+) -> Option<Vec<(String, Range<usize>)>> {
     let mut out = Vec::new();
     let mut run: Option<(Vec<Value>, usize)> = None;
     let flush = |run: &mut Option<(Vec<Value>, usize)>, end: usize, out: &mut Vec<_>| {
@@ -182,26 +196,7 @@ fn neutral_messages(assistant: bool, content: &str) -> Option<Vec<(String, Range
     for (i, block) in blocks.iter().enumerate() {
         if block_type(block) == "tool_result" {
             flush(&mut run, i, &mut out)?;
-            let mut m = Map::new();
-            m.insert("role".into(), json!("tool"));
-            m.insert(
-                "tool_call_id".into(),
-                block.get("tool_use_id").cloned().unwrap_or(Value::Null),
-            );
-            let content = match block.get("content") {
-                Some(Value::Array(parts)) => {
-                    Value::Array(parts.iter().map(|p| neutral_part(p, || hash(i))).collect())
-                }
-                Some(Value::String(s)) => Value::String(s.clone()),
-                _ => Value::String(String::new()),
-            };
-            m.insert("content".into(), content);
-            for key in ["is_error", "cache_control"] {
-                if let Some(v) = block.get(key) {
-                    m.insert(key.into(), v.clone());
-                }
-            }
-            out.push((serde_json::to_string(&m).ok()?, i..i + 1));
+            out.push((neutral_tool_result(block, || hash(i))?, i..i + 1));
         } else {
             run.get_or_insert_with(|| (Vec::new(), i)).0.push(neutral_part(block, || hash(i)));
         }
@@ -212,6 +207,27 @@ fn neutral_messages(assistant: bool, content: &str) -> Option<Vec<(String, Range
         out.push((serde_json::to_string(&json!({"role": "user", "content": []})).ok()?, 0..0));
     }
     Some(out)
+}
+
+/// The neutral `tool` message of a `tool_result` block (`hash`: the block's hash).
+fn neutral_tool_result(block: &Value, hash: impl Fn() -> String) -> Option<String> {
+    let mut m = Map::new();
+    m.insert("role".into(), json!("tool"));
+    m.insert("tool_call_id".into(), block.get("tool_use_id").cloned().unwrap_or(Value::Null));
+    let content = match block.get("content") {
+        Some(Value::Array(parts)) => {
+            Value::Array(parts.iter().map(|p| neutral_part(p, &hash)).collect())
+        }
+        Some(Value::String(s)) => Value::String(s.clone()),
+        _ => Value::String(String::new()),
+    };
+    m.insert("content".into(), content);
+    for key in ["is_error", "cache_control"] {
+        if let Some(v) = block.get(key) {
+            m.insert(key.into(), v.clone());
+        }
+    }
+    serde_json::to_string(&m).ok()
 }
 
 /// The `type` of a block.
