@@ -78,7 +78,7 @@ pub async fn fold_after(
     rules: FoldRules,
 ) -> Result<Option<Folded>, ModelError> {
     let absorb = absorb || rules.kind == DigestKind::GoalBatch;
-    let Region { msgs, tokens, start, end, tools, forwarded } = region;
+    let Region { msgs, start, end, .. } = region;
     let stored = emitted(blocks)?;
     let (mut input, prior) = if absorb {
         (stored, None)
@@ -86,41 +86,87 @@ pub async fn fold_after(
         (Vec::new(), stored.last().filter(|m| m.is_digest()).map(|m| m.text()))
     };
     input.extend_from_slice(&msgs[start..end]);
-    // The conversation as last forwarded, whole: the provider has it cached (it is the
-    // previous request, and what the client added since), and the instruction names
-    // where the region ends in it. When the last request cut the region's last message,
-    // the summarizer renders the region instead.
-    let stretch = forwarded.before(end);
-    let last = end.checked_sub(1).map(|i| msgs[i].hash());
-    let kept = stretch.checked_sub(1).map(|i| forwarded.messages[i].hash());
-    let shared = (last.is_some() && kept == last).then_some(SharedPrefix {
-        messages: &forwarded.messages,
-        end: stretch,
-        tools,
-        whole: absorb,
-    });
     let summary = SummaryInput {
         messages: &input,
         prior_digest: prior.as_deref(),
         max_tokens: rules.max_tokens,
         kind: rules.kind,
-        shared,
+        shared: shared_prefix(&region, absorb),
     };
+    let Some((body, name, error)) = write_digest(summarizer, summary, &input, rules).await else {
+        return Ok(None);
+    };
+    let body = clip_chars(body.trim(), rules.max_tokens * 4);
+    let (body, recall, work) = with_trail(blocks, absorb, &region, &body, rules);
+    let digest = json!({"role": "assistant", "content": format!("{DIGEST_MARKER}\n{body}")});
+    let block_start = if absorb { blocks.first().map_or(start, |b| b.start) } else { start };
+    let (mut messages, verbatim) = verbatim_messages(blocks, absorb, &region, rules)?;
+    let text = serde_json::to_string(&digest).map_err(ModelError::Serialize)?;
+    messages.push(RawValue::from_string(text).map_err(ModelError::Serialize)?);
+    let block = FoldBlock {
+        start: block_start,
+        end,
+        range_hash: range_hash(&msgs[block_start..end]),
+        messages,
+        verbatim,
+        summarizer: name.to_owned(),
+        artifact_recall: recall,
+        trail: Some(work),
+    };
+    Ok(Some(Folded { block, error }))
+}
+
+/// What a shared-prefix summarizer sends: the conversation as last forwarded, whole (the
+/// provider has it cached: it is the previous request, and what the client added
+/// since), with where the region ends in it; `None` when the last request cut the
+/// region's last message (the summarizer renders the region instead).
+fn shared_prefix<'r>(region: &Region<'r>, absorb: bool) -> Option<SharedPrefix<'r>> {
+    let Region { msgs, end, tools, forwarded, .. } = *region;
+    let stretch = forwarded.before(end);
+    let last = end.checked_sub(1).map(|i| msgs[i].hash());
+    let kept = stretch.checked_sub(1).map(|i| forwarded.messages[i].hash());
+    (last.is_some() && kept == last).then_some(SharedPrefix {
+        messages: &forwarded.messages,
+        end: stretch,
+        tools,
+        whole: absorb,
+    })
+}
+
+/// The digest body of `summary` (made of `input`), the summarizer that wrote it, and the
+/// summarizer's error when the extractive digest stands in for an empty or failed one;
+/// `None` when the summarizer deferred the fold.
+async fn write_digest(
+    summarizer: &dyn Summarizer,
+    summary: SummaryInput<'_>,
+    input: &[Arc<Message>],
+    rules: FoldRules,
+) -> Option<(String, &'static str, Option<String>)> {
     let fallback = |input: &[Arc<Message>]| match rules.kind {
         DigestKind::Fold => extractive::digest(input, rules.max_tokens),
         DigestKind::GoalBatch => extractive::goal_history(input, rules.max_tokens),
     };
-    let (body, name, error) = match summarizer.summarize(summary).await {
-        Err(SummarizerError::Deferred) => return Ok(None),
+    Some(match summarizer.summarize(summary).await {
+        Err(SummarizerError::Deferred) => return None,
         Ok(text) if !text.trim().is_empty() => (text, summarizer.name(), None),
-        Ok(_) => (fallback(&input), "extractive", Some("empty digest".to_owned())),
-        Err(e) => (fallback(&input), "extractive", Some(e.to_string())),
-    };
-    let body = clip_chars(body.trim(), rules.max_tokens * 4);
-    // The work trail up to the region's end: the stored blocks' trail (rebuilt from the
-    // originals for blocks stored without one) with the region's actions merged in. A
-    // digest that takes the place of the stored ones carries all of it; one written after
-    // them, only what changed since theirs.
+        Ok(_) => (fallback(input), "extractive", Some("empty digest".to_owned())),
+        Err(e) => (fallback(input), "extractive", Some(e.to_string())),
+    })
+}
+
+/// The digest `body` completed with the work trail up to the region's end, the recall
+/// of the trail's files in the body, and the trail. The trail is the stored blocks'
+/// (rebuilt from the originals for blocks stored without one) with the region's actions
+/// merged in; a digest that takes the place of the stored ones carries all of it, one
+/// written after them only what changed since theirs.
+fn with_trail(
+    blocks: &[FoldBlock],
+    absorb: bool,
+    region: &Region<'_>,
+    body: &str,
+    rules: FoldRules,
+) -> (String, Option<f64>, Trail) {
+    let Region { msgs, start, end, .. } = *region;
     let base = match blocks.last() {
         None => Trail::default(),
         Some(last) => last.trail.clone().unwrap_or_else(|| Trail::of(msgs, last.end)),
@@ -129,15 +175,22 @@ pub async fn fold_after(
     work.record(msgs, start, end);
     let since = (!absorb && !blocks.is_empty()).then_some(&base);
     let lines = work.render(since, rules.trail_tokens * TRAIL_CHARS_PER_TOKEN);
-    let recall = trail::recall(&work, since, &body);
-    let body = trail::complete(&body, &work, &lines);
-    let digest = json!({"role": "assistant", "content": format!("{DIGEST_MARKER}\n{body}")});
+    let recall = trail::recall(&work, since, body);
+    let body = trail::complete(body, &work, &lines);
+    (body, recall, work)
+}
 
-    // What stays verbatim: in a fold, the absorbed blocks' verbatim messages and the
-    // region's (`rules.keep`); in a goal batch, pinned messages, the task statement and
-    // the small user messages the guarantee covers: the others (past the floor) live on
-    // in its human direction.
-    let block_start = if absorb { blocks.first().map_or(start, |b| b.start) } else { start };
+/// The messages that stay verbatim in the new block, in order, with their indices. In
+/// a fold: the absorbed blocks' verbatim messages and the region's (`rules.keep`); in a
+/// goal batch: pinned messages, the task statement and the small user messages the
+/// guarantee covers (the others, past the floor, live on in its human direction).
+fn verbatim_messages(
+    blocks: &[FoldBlock],
+    absorb: bool,
+    region: &Region<'_>,
+    rules: FoldRules,
+) -> Result<(Vec<Box<RawValue>>, Vec<usize>), ModelError> {
+    let Region { msgs, tokens, start, end, .. } = *region;
     let stays = |i: usize| match rules.kind {
         DigestKind::Fold => rules.keep.is_verbatim(msgs, tokens, i),
         DigestKind::GoalBatch => {
@@ -168,19 +221,7 @@ pub async fn fold_after(
             verbatim.push(i);
         }
     }
-    let text = serde_json::to_string(&digest).map_err(ModelError::Serialize)?;
-    messages.push(RawValue::from_string(text).map_err(ModelError::Serialize)?);
-    let block = FoldBlock {
-        start: block_start,
-        end,
-        range_hash: range_hash(&msgs[block_start..end]),
-        messages,
-        verbatim,
-        summarizer: name.to_owned(),
-        artifact_recall: recall,
-        trail: Some(work),
-    };
-    Ok(Some(Folded { block, error }))
+    Ok((messages, verbatim))
 }
 
 /// Characters per token assumed when sizing the trail (paths and commands tokenize
