@@ -1,0 +1,192 @@
+//! Replaying one conversation request by request (one request per assistant reply,
+//! holding the history before that reply), carrying fold blocks and token counts from
+//! request to request, and accounting what each forwarded request kept and cost.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+
+use super::{Conversation, ReplayError, ReplayStats};
+use crate::commands::cost::{Meter, Prompt};
+use crate::commands::trail_check;
+use crate::compaction::check::verify;
+use crate::compaction::tokens::Counter;
+use crate::compaction::{Budget, Engine, Options, Outcome, SessionState, TokenCache};
+use crate::model::{ChatRequest, Message, Role, is_user_words};
+use crate::summarizer::{ModelPrompt, Summarizer, SummarizerError, SummaryInput};
+
+/// Records what a model summarizer sends, for pricing.
+struct Metered<'a> {
+    inner: &'a dyn Summarizer,
+    prompts: Mutex<Vec<ModelPrompt>>,
+}
+
+#[async_trait]
+impl Summarizer for Metered<'_> {
+    fn kind(&self) -> crate::vocab::SummarizerKind {
+        self.inner.kind()
+    }
+
+    async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
+        if let Some(prompt) = self.inner.prompt(&input) {
+            if let Ok(mut prompts) = self.prompts.lock() {
+                prompts.push(prompt);
+            }
+        }
+        self.inner.summarize(input).await
+    }
+
+    fn prompt(&self, input: &SummaryInput<'_>) -> Option<ModelPrompt> {
+        self.inner.prompt(input)
+    }
+}
+
+/// Replays one conversation through `engine`.
+pub async fn replay_conversation(
+    engine: &Engine,
+    conv: &Conversation,
+    summarizer: &dyn Summarizer,
+    opts: &Options,
+) -> Result<ReplayStats, ReplayError> {
+    let mut stats = ReplayStats {
+        id: conv.id.clone(),
+        family: conv.family.clone(),
+        conversations: 1,
+        ..ReplayStats::default()
+    };
+    let mut state = SessionState::default();
+    let engine_err = |source| ReplayError::Engine { id: conv.id.clone(), source };
+    let metered = Metered { inner: summarizer, prompts: Mutex::new(Vec::new()) };
+    let (mut sent, mut whole) = (Meter::default(), Meter::default());
+    let mut prices = TokenCache::default();
+    let mut named = std::collections::BTreeSet::new();
+    let mut bodies = Sha256::new();
+    for (i, m) in conv.messages.iter().enumerate() {
+        if i > 0 {
+            trail_check::add_paths_named(&conv.messages[i - 1], &mut named);
+        }
+        if i == 0 || m.role() != Role::Assistant {
+            continue;
+        }
+        let request = ChatRequest::from_parts(&conv.fields, conv.messages[..i].to_vec())
+            .map_err(|e| engine_err(e.into()))?;
+        let outcome = engine
+            .compact_request(&request, &mut state, &metered, opts)
+            .await
+            .map_err(engine_err)?;
+        let report = outcome.report();
+        let budget: Budget = report.budget.clone();
+        let before = if report.tokens_before_exact {
+            report.tokens_before
+        } else {
+            engine.count_prompt(&request, &budget, &mut state.token_cache)
+        };
+        let (forwarded, after) = match &outcome {
+            Outcome::Unchanged { .. } => {
+                let body = request.to_vec();
+                bodies.update((body.len() as u64).to_le_bytes());
+                bodies.update(body);
+                (&request, before)
+            }
+            Outcome::Compacted { request: fwd, report, body } => {
+                bodies.update((body.len() as u64).to_le_bytes());
+                bodies.update(body);
+                (fwd, report.tokens_after)
+            }
+        };
+        let encoding = budget.encoding;
+        // Summarizer calls go out before the request they compact, after the previous one.
+        let calls = std::mem::take(&mut *metered.prompts.lock().unwrap_or_else(|e| e.into_inner()));
+        for call in &calls {
+            let prompt = Prompt::of(&call.messages, call.tools.as_deref(), encoding, &mut prices);
+            stats.summarizer.add(sent.side_call(&prompt));
+            stats.summarizer_calls += 1;
+        }
+        let (charge, repeats) = sent.send(Prompt::of(
+            forwarded.messages(),
+            forwarded.tools_raw(),
+            encoding,
+            &mut prices,
+        ));
+        stats.forwarded.add(charge);
+        stats.prefix_repeats += usize::from(repeats);
+        stats.whole.add(
+            whole
+                .send(Prompt::of(request.messages(), request.tools_raw(), encoding, &mut prices))
+                .0,
+        );
+        stats.requests += 1;
+        stats.compacted += usize::from(matches!(outcome, Outcome::Compacted { .. }));
+        stats.peak_before = stats.peak_before.max(before);
+        stats.peak_after = stats.peak_after.max(after);
+        stats.tokens_before += before as u64;
+        stats.tokens_after += after as u64;
+        stats.folds += report.blocks_new;
+        *stats.tiers.entry(report.tier.number()).or_default() += 1;
+        for v in verify(&request, forwarded, engine.config(), &budget, &mut state.token_cache) {
+            *stats.violations.entry(v.check).or_default() += 1;
+            if stats.first_violation.is_none() {
+                stats.first_violation =
+                    Some(format!("request {i}: check {}: {}", v.check, v.detail));
+            }
+        }
+        if let Outcome::Compacted { request: fwd, .. } = &outcome {
+            let still = trail_check::with_suffixes(trail_check::paths_anywhere(fwd.messages()));
+            stats.paths_named += named.len() as u64;
+            let lost: Vec<&String> = named.iter().filter(|p| !still.contains(*p)).collect();
+            stats.paths_kept += (named.len() - lost.len()) as u64;
+            let lost = lost.first();
+            if let (Some(lost), None) = (lost, &stats.first_path_lost) {
+                stats.first_path_lost = Some(format!("request {i}: {lost}"));
+            }
+            let foreign = trail_check::foreign_entries(request.messages(), fwd.messages());
+            stats.trail_foreign += foreign.len() as u64;
+            if let (Some(first), None) = (foreign.first(), &stats.first_trail_foreign) {
+                stats.first_trail_foreign = Some(format!("request {i}: {first}"));
+            }
+        }
+        let mut counter = Counter { encoding, cache: &mut state.token_cache };
+        let small = engine.config().user_verbatim_max_tokens;
+        let lost = user_words_lost(request.messages(), forwarded.messages(), small, &mut counter);
+        if let Some(&first) = lost.first() {
+            stats.user_words_lost += lost.len();
+            stats.requests_losing_user_words += 1;
+            if stats.first_user_words_lost.is_none() {
+                stats.first_user_words_lost =
+                    Some(format!("request {i}: user message {first} not forwarded verbatim"));
+            }
+        }
+    }
+    stats.forwarded_sha256 = hex(&bodies.finalize());
+    Ok(stats)
+}
+
+/// Lower-case hexadecimal of `bytes`.
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The indices of the user's own small messages of `original` (at most `max_tokens`
+/// tokens, neither digests nor text-mode tool output) that `forwarded` does not hold
+/// verbatim, in order.
+fn user_words_lost(
+    original: &[Arc<Message>],
+    forwarded: &[Arc<Message>],
+    max_tokens: usize,
+    counter: &mut Counter<'_>,
+) -> Vec<usize> {
+    let mut lost = Vec::new();
+    let mut from = 0;
+    for (i, m) in original.iter().enumerate() {
+        if !is_user_words(original, i) || counter.message(m) > max_tokens {
+            continue;
+        }
+        let same = |f: &Arc<Message>| f.hash() == m.hash() && f.raw() == m.raw();
+        match forwarded[from..].iter().position(same) {
+            Some(at) => from += at + 1,
+            None => lost.push(i),
+        }
+    }
+    lost
+}
