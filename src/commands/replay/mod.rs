@@ -12,16 +12,17 @@ mod record;
 mod requests;
 mod stats;
 
-use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::api::{self, Api};
+use crate::api::Api;
 use crate::cli::ReplayArgs;
 use crate::compaction::{Engine, Options};
+use crate::config::Config;
 use crate::summarizer::llm::LlmSummarizer;
 use crate::summarizer::{ExtractiveSummarizer, Summarizer};
 
@@ -30,7 +31,6 @@ pub use record::Conversation;
 pub use requests::replay_conversation;
 pub use stats::ReplayStats;
 
-use print::line;
 use requests::hex;
 
 /// Errors of reading recorded conversations.
@@ -92,20 +92,8 @@ pub async fn replay_file_as(
         if line.trim().is_empty() {
             continue;
         }
-        let record: Value = serde_json::from_str(&line)
-            .map_err(|e| ReplayError::Record { line: n + 1, message: e.to_string() })?;
         let model = opts.engine.model.as_deref();
-        let mut conv = match api {
-            Api::Responses => {
-                let parse = api::responses::parse;
-                Conversation::from_converted(&line, &record, n + 1, model, "Responses", parse)?
-            }
-            Api::Messages => {
-                let parse = api::messages::parse;
-                Conversation::from_converted(&line, &record, n + 1, model, "Messages", parse)?
-            }
-            Api::Chat => Conversation::from_record(&record, n + 1, model)?,
-        };
+        let mut conv = Conversation::from_line(api, &line, n + 1, model)?;
         if let Some(max) = opts.max_tokens {
             conv.fields.insert("max_tokens".into(), Value::from(max));
         }
@@ -132,8 +120,21 @@ pub struct ReplayOptions {
     pub max_tokens: Option<usize>,
 }
 
+impl ReplayOptions {
+    /// The options the command line asks for: `--window`, `--model`, `--max-tokens`.
+    fn of_args(args: &ReplayArgs) -> Self {
+        Self {
+            engine: Options {
+                window_cap: args.window,
+                model: args.model.clone(),
+                ..Options::default()
+            },
+            max_tokens: args.max_tokens,
+        }
+    }
+}
+
 /// Runs `foldgate replay`.
-#[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &ReplayArgs) -> ExitCode {
     let api = super::api_of(args.api);
     let config = match super::load_config(args.config.config.as_deref()) {
@@ -142,25 +143,11 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     };
     let rt = match super::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("foldgate replay: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return failure(&e),
     };
-    // The configured summarizer: a model (`summarizer.kind = "llm"`, called with
-    // `summarizer.api_key` and each conversation's model unless `summarizer.model` is
-    // set) only when asked for with `--llm`, else the extractive one.
-    let llm = if args.llm {
-        let built = rt.block_on(async { LlmSummarizer::new(&config.summarizer, &config.upstream) });
-        match built {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("foldgate replay: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        None
+    let llm = match llm_summarizer(args.llm, &config, &rt) {
+        Ok(llm) => llm,
+        Err(code) => return code,
     };
     let summarizer = |model: &str| -> Box<dyn Summarizer> {
         match &llm {
@@ -169,108 +156,38 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
         }
     };
     let engine = Engine::new(config.compaction);
-    let opts = ReplayOptions {
-        engine: Options {
-            window_cap: args.window,
-            model: args.model.clone(),
-            ..Options::default()
-        },
-        max_tokens: args.max_tokens,
-    };
+    let opts = ReplayOptions::of_args(args);
     let replay = replay_file_as(api, &args.file, &engine, &summarizer, &opts);
     let (all, total) = match rt.block_on(replay) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("foldgate replay: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return failure(&e),
     };
-    let price = args.cached_price;
     if args.json {
-        let families: BTreeMap<String, Value> = ReplayStats::by_family(&all)
-            .into_iter()
-            .map(|(family, s)| {
-                let priced = serde_json::json!({
-                    "stats": s,
-                    "cost": s.cost(price),
-                    "cost_no_compaction": s.cost_whole(price),
-                });
-                (family, priced)
-            })
-            .collect();
-        let out = serde_json::json!({
-            "conversations": all,
-            "families": families,
-            "total": total,
-            "ratio": total.ratio(),
-            "cached_price": price,
-            "cost": total.cost(price),
-            "cost_no_compaction": total.cost_whole(price),
-        });
-        println!("{out}");
+        print::json(&all, &total, args.cached_price);
     } else {
-        println!(
-            "{:<52} {:>5} {:>5} {:>8} {:>8} {:>7} {:>5}  {:<24} violations",
-            "conversation", "reqs", "comp", "peak_in", "peak_out", "sent", "folds", "tiers"
-        );
-        for s in &all {
-            println!("{}", line(s));
-        }
-        println!("{}", line(&total));
-        let count = |c: u8| total.violations.get(&c).copied().unwrap_or(0);
-        println!(
-            "checks: (1) tool calls answered: {} violations, (2) small user messages verbatim: {}, \
-             (3) pinned unchanged: {}, (4) fits window - reserve: {}, (5) current turn intact: {}",
-            count(1),
-            count(2),
-            count(3),
-            count(4),
-            count(5)
-        );
-        println!(
-            "total: {} conversations, {} requests ({} compacted), peak {} -> {} tokens, \
-             {:.1}% of prompt tokens sent, {} folds",
-            all.len(),
-            total.requests,
-            total.compacted,
-            total.peak_before,
-            total.peak_after,
-            total.ratio() * 100.0,
-            total.folds
-        );
-        println!("{}", cost_line(&total, price));
-        println!(
-            "small user messages (the user's own words) not forwarded verbatim: {} in {} \
-             requests",
-            total.user_words_lost, total.requests_losing_user_words
-        );
-        println!(
-            "work trail: {:.1}% of the file paths the agent named still named by compacted \
-             requests ({} of {}); {} trail entries no action produced",
-            total.path_recall() * 100.0,
-            total.paths_kept,
-            total.paths_named,
-            total.trail_foreign
-        );
-        println!(
-            "\nper family (cost in token-equivalents, cached prefix x{price}; whole: no \
-             compaction; repeats: requests whose prefix repeats the previous one; calls: \
-             summarizer calls; lost: small user messages not forwarded verbatim):"
-        );
-        println!("{}", family_table(&all, &total, price));
-        println!("forwarded bodies: sha256 {}", total.forwarded_sha256);
-        if let Some(v) = &total.first_violation {
-            println!("first violation: {v}");
-        }
-        if let Some(v) = &total.first_user_words_lost {
-            println!("first small user message lost: {v}");
-        }
-        if let Some(v) = &total.first_path_lost {
-            println!("first file path lost: {v}");
-        }
-        if let Some(v) = &total.first_trail_foreign {
-            println!("first trail entry no action produced: {v}");
-        }
+        print::text(&all, &total, args.cached_price);
     }
     if total.violation_count() > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+/// The configured model summarizer (`summarizer.kind = "llm"`, called with
+/// `summarizer.api_key` and each conversation's model unless `summarizer.model` is set)
+/// when `--llm` asks for it (`wanted`); `None` for the extractive one.
+fn llm_summarizer(
+    wanted: bool,
+    config: &Config,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Option<Arc<LlmSummarizer>>, ExitCode> {
+    if !wanted {
+        return Ok(None);
+    }
+    let built = rt.block_on(async { LlmSummarizer::new(&config.summarizer, &config.upstream) });
+    built.map(Some).map_err(|e| failure(&e))
+}
+
+/// Prints `error` as the command's and fails.
+#[allow(clippy::print_stderr)]
+fn failure(error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("foldgate replay: {error}");
+    ExitCode::FAILURE
 }

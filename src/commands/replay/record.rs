@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::ReplayError;
-use crate::api;
+use crate::api::{self, Api};
 use crate::model::{ChatRequest, Message, ModelError};
 
 /// One recorded conversation.
@@ -96,5 +96,31 @@ impl Conversation {
             return Err(err("relies on state the provider keeps (previous_response_id)".into()));
         }
         Ok(Self::of_neutral(&request, record, line, model))
+    }
+}
+
+impl Conversation {
+    /// Reads line `line` (1-based; its text `line_text`) of a file of records of the API
+    /// shape `api`: a chat record ([`Self::from_record`]), or a Responses or Anthropic
+    /// Messages request body ([`Self::from_converted`]).
+    pub(super) fn from_line(
+        api: Api,
+        line_text: &str,
+        line: usize,
+        model: Option<&str>,
+    ) -> Result<Self, ReplayError> {
+        let record: Value = serde_json::from_str(line_text)
+            .map_err(|e| ReplayError::Record { line, message: e.to_string() })?;
+        match api {
+            Api::Responses => {
+                let parse = api::responses::parse;
+                Self::from_converted(line_text, &record, line, model, "Responses", parse)
+            }
+            Api::Messages => {
+                let parse = api::messages::parse;
+                Self::from_converted(line_text, &record, line, model, "Messages", parse)
+            }
+            Api::Chat => Self::from_record(&record, line, model),
+        }
     }
 }
