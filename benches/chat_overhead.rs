@@ -18,22 +18,24 @@
     missing_docs
 )]
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Request;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
+
+use foldgate_process::{ChildGuard, FoldgateOptions};
 
 #[path = "support/foldgate_process.rs"]
 mod foldgate_process;
+#[path = "support/mock_upstream.rs"]
+mod mock_upstream;
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
 #[path = "../tests/common/tools.rs"]
@@ -52,60 +54,19 @@ fn body(history: &[Value], turn: usize) -> Bytes {
     Bytes::from(serde_json::to_vec(&body).unwrap())
 }
 
-async fn start_mock() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
-                let _ = request.into_body().collect().await;
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-                    COMPLETION.as_bytes(),
-                ))))
-            });
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
-/// The `foldgate` binary, killed when dropped.
-struct Foldgate(std::process::Child);
-
-impl Drop for Foldgate {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the `foldgate` binary (its own connection threads and compaction runtime, as
-/// in production) and waits until it accepts connections.
-fn start_foldgate(
-    upstream: SocketAddr,
-    compaction: bool,
-    env: &[(&str, String)],
-) -> (Foldgate, SocketAddr) {
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_foldgate"));
-    let child = foldgate_process::serve_command(bin, addr, upstream)
-        .env("FOLDGATE_COMPACTION__ENABLED", compaction.to_string())
-        .env("FOLDGATE_SUMMARIZER__KIND", "extractive")
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .spawn()
-        .unwrap();
-    let foldgate = Foldgate(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "foldgate did not start listening on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (foldgate, addr)
+/// foldgate in front of the mock at `upstream` (compaction on or off, extractive
+/// digests, `env` on top), logging warnings to the bench's output.
+fn start_foldgate(upstream: SocketAddr, compaction: bool, env: &[(&str, String)]) -> ChildGuard {
+    let mut settings = vec![("FOLDGATE_SUMMARIZER__KIND", "extractive".to_owned())];
+    settings.extend(env.iter().cloned());
+    foldgate_process::start_foldgate(FoldgateOptions {
+        bin: PathBuf::from(env!("CARGO_BIN_EXE_foldgate")),
+        upstream,
+        compaction,
+        env: settings,
+        dir: None,
+        log: None,
+    })
 }
 
 struct Run {
@@ -172,9 +133,9 @@ fn main() {
     let seconds = arg("--seconds", 10);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let mock = start_mock().await;
-        let (_warm_process, warm) = start_foldgate(mock, true, &[]);
-        let (_plain_process, plain) = start_foldgate(mock, false, &[]);
+        let mock = mock_upstream::start(COMPLETION).await;
+        let warm = start_foldgate(mock, true, &[]);
+        let plain = start_foldgate(mock, false, &[]);
         let redis = redis_server::RedisServer::start();
         let shared = redis.as_ref().map(|redis| {
             let env = [
@@ -191,11 +152,11 @@ fn main() {
         // Warm up: the first request folds (extractive digest) and stores the blocks.
         let mut paths = vec![
             ("direct to the mock", mock),
-            ("foldgate, compaction off", plain),
-            ("foldgate, compaction warm", warm),
+            ("foldgate, compaction off", plain.addr),
+            ("foldgate, compaction warm", warm.addr),
         ];
-        if let Some((_, addr)) = &shared {
-            paths.push(("foldgate, compaction warm, Redis store", *addr));
+        if let Some(shared) = &shared {
+            paths.push(("foldgate, compaction warm, Redis store", shared.addr));
         }
         for &(name, addr) in &paths[2..] {
             warm_up(name, addr, &bodies[0]).await;

@@ -28,23 +28,25 @@
 //! `PROXYBENCH_NGINX`, `PROXYBENCH_FOLDGATE_BIN`; `TOKIO_WORKER_THREADS` reaches foldgate.
 
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, Uri, header};
+use http::{Request, Uri, header};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::json;
 
 #[path = "support/foldgate_process.rs"]
 mod foldgate_process;
+#[path = "support/mock_upstream.rs"]
+mod mock_upstream;
+
+use foldgate_process::{ChildGuard, FoldgateOptions, free_port};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Load sent, unmeasured, before each measured slice: wakes threads and pools after idling.
@@ -142,7 +144,7 @@ impl Target {
 async fn run(settings: &Settings) {
     let nginx_bin = find_nginx();
     let work = TempDir::create();
-    let mock = start_mock_upstream().await;
+    let mock = mock_upstream::start(MOCK_RESPONSE).await;
     let nginx = start_nginx(&nginx_bin, &work.0, mock, &settings.nginx_workers);
     let foldgate = start_foldgate(&work.0, mock, true);
     let foldgate_off = start_foldgate(&work.0, mock, false);
@@ -228,42 +230,15 @@ async fn measure_slice(
 }
 
 // ---------------------------------------------------------------------------------------
-// Mock upstream: a hyper 1 server answering a fixed chat completion after the whole body
+// Mock upstream (support/mock_upstream.rs): a fixed chat completion after the whole body
 // ---------------------------------------------------------------------------------------
 
+/// What the mock upstream answers: a realistic `chat.completion` (a paragraph of advice,
+/// the full usage details).
 const MOCK_RESPONSE: &str = r#"{"id":"chatcmpl-proxybench0001","object":"chat.completion","created":1763800000,"model":"gpt-4o-mini-2024-07-18","choices":[{"index":0,"message":{"role":"assistant","content":"The failing test comes from the retry loop in `fetch_with_backoff`: the deadline is computed once before the loop, so after the first timeout every later attempt starts with no time left and fails immediately. Move the deadline computation inside the loop, or pass the remaining budget explicitly to each attempt. I also noticed that the error from the last attempt is discarded; returning it instead of a generic timeout error will make the logs far easier to read. Here is the smallest change that fixes both issues without touching the public signature of the function, and a regression test that fails before the change and passes after it.","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":512,"completion_tokens":118,"total_tokens":630,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_proxybench"}"#;
 
-async fn start_mock_upstream() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service_fn(mock_answer))
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
-async fn mock_answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    let known = request.method() == Method::POST && request.uri().path() == "/v1/chat/completions";
-    request.into_body().collect().await?;
-    let mut response = Response::new(Full::new(Bytes::from_static(MOCK_RESPONSE.as_bytes())));
-    if !known {
-        *response.status_mut() = StatusCode::NOT_FOUND;
-    }
-    let json = header::HeaderValue::from_static("application/json");
-    response.headers_mut().insert(header::CONTENT_TYPE, json);
-    Ok(response)
-}
-
 // ---------------------------------------------------------------------------------------
-// Child processes: nginx and foldgate, killed on drop (also when a panic unwinds)
+// Child processes: nginx and foldgate (support/foldgate_process.rs stops them on drop)
 // ---------------------------------------------------------------------------------------
 
 struct TempDir(PathBuf);
@@ -279,56 +254,6 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct ChildGuard {
-    name: &'static str,
-    child: Child,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-impl ChildGuard {
-    fn spawn(name: &'static str, mut command: Command, addr: SocketAddr, log: PathBuf) -> Self {
-        let out = std::fs::File::create(&log).unwrap();
-        command.stdin(Stdio::null()).stdout(out.try_clone().unwrap()).stderr(out);
-        let child = command.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let mut guard = Self { name, child, addr, log };
-        guard.wait_listening();
-        guard
-    }
-
-    fn wait_listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while StdStream::connect(self.addr).is_err() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                panic!("{} exited with {status} before listening:\n{log}", self.name);
-            }
-            assert!(Instant::now() < deadline, "{} is not listening on {}", self.name, self.addr);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        // SIGTERM first: nginx's master then stops its workers (SIGKILL would orphan them).
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).stderr(Stdio::null()).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -438,10 +363,6 @@ async fn wait_for_quiet() {
     }
 }
 
-fn free_port() -> SocketAddr {
-    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 fn find_nginx() -> PathBuf {
     let candidates = std::env::var_os("PROXYBENCH_NGINX")
         .map(PathBuf::from)
@@ -501,7 +422,7 @@ fn start_nginx(bin: &Path, dir: &Path, upstream: SocketAddr, workers: &str) -> C
     std::fs::write(&conf, nginx_conf(dir, addr, upstream, workers)).unwrap();
     let mut command = Command::new(bin);
     command.arg("-p").arg(dir).arg("-c").arg(&conf).arg("-e").arg(dir.join("nginx-error.log"));
-    ChildGuard::spawn("nginx", command, addr, dir.join("nginx.out"))
+    ChildGuard::spawn("nginx", command, addr, Some(dir.join("nginx.out")))
 }
 
 fn foldgate_bin() -> PathBuf {
@@ -512,14 +433,15 @@ fn foldgate_bin() -> PathBuf {
 /// foldgate as users run it: the default configuration (and its `info` log, written to
 /// a file as a service manager would), with compaction on or off.
 fn start_foldgate(dir: &Path, upstream: SocketAddr, compaction: bool) -> ChildGuard {
-    let addr = free_port();
-    let mut command = foldgate_process::serve_command(&foldgate_bin(), addr, upstream);
-    command
-        .current_dir(dir)
-        .env("FOLDGATE_LOG__LEVEL", "info")
-        .env("FOLDGATE_COMPACTION__ENABLED", compaction.to_string());
     let log = dir.join(if compaction { "foldgate.out" } else { "foldgate-off.out" });
-    ChildGuard::spawn("foldgate", command, addr, log)
+    foldgate_process::start_foldgate(FoldgateOptions {
+        bin: foldgate_bin(),
+        upstream,
+        compaction,
+        env: vec![("FOLDGATE_LOG__LEVEL", "info".to_owned())],
+        dir: Some(dir),
+        log: Some(log),
+    })
 }
 
 // ---------------------------------------------------------------------------------------
