@@ -11,7 +11,7 @@
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use foldgate::compaction::tokens::{Encoding, message_tokens};
-use foldgate::compaction::{Budget, Engine, Options, SessionState, TokenCache};
+use foldgate::compaction::{Budget, Engine, Options, Outcome, SessionState, TokenCache};
 use foldgate::config::CompactionConfig;
 use foldgate::model::{ChatRequest, Message};
 use foldgate::summarizer::ExtractiveSummarizer;
@@ -49,6 +49,7 @@ fn ordinary_text(bytes: usize) -> String {
     s
 }
 
+/// The engine on a 100k-token agent conversation: parsing, cold counting, planning.
 fn engine_benches(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let msgs = conversation(100_000);
@@ -59,14 +60,20 @@ fn engine_benches(c: &mut Criterion) {
     let budget = Budget::of(&req, engine.config(), &opts);
     let tokens = engine.count_prompt(&req, &budget, &mut TokenCache::default());
     eprintln!("conversation: {} messages, {} tokens, {} bytes", msgs.len(), tokens, full.len());
+    parse_benches(c, &full, &req);
+    plan_benches(c, &Planner { rt: &rt, engine: &engine, opts: &opts }, &req, &budget);
+}
 
+/// Parsing the 100k-token request (`full`), and counting the tokens of its messages
+/// (`req`) cold.
+fn parse_benches(c: &mut Criterion, full: &[u8], req: &ChatRequest) {
     let mut g = c.benchmark_group("parse");
     g.throughput(Throughput::Bytes(full.len() as u64));
-    g.bench_function("request_100k_tokens", |b| b.iter(|| ChatRequest::parse(&full).unwrap()));
+    g.bench_function("request_100k_tokens", |b| b.iter(|| ChatRequest::parse(full).unwrap()));
     g.finish();
 
     let mut g = c.benchmark_group("tokenize_cold");
-    g.throughput(Throughput::Bytes(message_text(&req) as u64));
+    g.throughput(Throughput::Bytes(message_text(req) as u64));
     g.sample_size(10);
     g.bench_function("messages_100k_tokens", |b| {
         b.iter(|| {
@@ -74,31 +81,67 @@ fn engine_benches(c: &mut Criterion) {
         })
     });
     g.finish();
+}
 
+/// The engine as the benches call it: on `rt`, with the extractive summarizer and `opts`.
+struct Planner<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    engine: &'a Engine,
+    opts: &'a Options,
+}
+
+impl Planner<'_> {
+    /// Compacts `req` in the session `st`.
+    fn compact(&self, req: &ChatRequest, st: &mut SessionState) -> Outcome {
+        self.rt
+            .block_on(self.engine.compact_request(req, st, &ExtractiveSummarizer, self.opts))
+            .unwrap()
+    }
+}
+
+/// Planning the 100k-token request `req`: cold (a new session), warm (its history
+/// compacted before, one new message), and warm with the new message's tokens counted.
+fn plan_benches(c: &mut Criterion, planner: &Planner<'_>, req: &ChatRequest, budget: &Budget) {
     let mut g = c.benchmark_group("plan");
     g.sample_size(10);
     g.bench_function("cold_100k_tokens", |b| {
         b.iter_batched(
             SessionState::default,
-            |mut st| {
-                rt.block_on(engine.compact_request(&req, &mut st, &ExtractiveSummarizer, &opts))
-                    .unwrap()
-            },
+            |mut st| planner.compact(req, &mut st),
             BatchSize::LargeInput,
         )
     });
-    // Warm: the conversation without its last message was compacted before; the request
-    // adds that message (the newest user turn).
+    let (next, warm) = warm_session(planner, req);
+    g.sample_size(50);
+    g.bench_function("warm_100k_tokens_one_new_message", |b| {
+        b.iter_batched(
+            || warm.clone(),
+            |mut st| planner.compact(&next, &mut st),
+            BatchSize::LargeInput,
+        )
+    });
+    // The same, with the new message's count already cached: planning alone.
+    let mut counted = warm.clone();
+    planner.engine.count_prompt(&next, budget, &mut counted.token_cache);
+    g.bench_function("warm_100k_tokens_new_message_counted", |b| {
+        b.iter_batched(
+            || counted.clone(),
+            |mut st| planner.compact(&next, &mut st),
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+/// Warm: the conversation without its last message was compacted before; the request
+/// adds that message (the newest user turn). The request and the session before it.
+fn warm_session(planner: &Planner<'_>, req: &ChatRequest) -> (ChatRequest, SessionState) {
     let last = req.messages().len() - 1;
     let earlier = req.with_messages(req.messages()[..last].to_vec());
     let next = req.clone();
     let mut warm = SessionState::default();
-    let first = rt
-        .block_on(engine.compact_request(&earlier, &mut warm, &ExtractiveSummarizer, &opts))
-        .unwrap();
-    let out = rt
-        .block_on(engine.compact_request(&next, &mut warm.clone(), &ExtractiveSummarizer, &opts))
-        .unwrap();
+    let first = planner.compact(&earlier, &mut warm);
+    let out = planner.compact(&next, &mut warm.clone());
     eprintln!(
         "warm setup: new message {} bytes; first tier {} blocks {}; warm tier {} reused {} new {}",
         req.messages()[last].raw().len(),
@@ -108,31 +151,7 @@ fn engine_benches(c: &mut Criterion) {
         out.report().blocks_reused,
         out.report().blocks_new
     );
-    g.sample_size(50);
-    g.bench_function("warm_100k_tokens_one_new_message", |b| {
-        b.iter_batched(
-            || warm.clone(),
-            |mut st| {
-                rt.block_on(engine.compact_request(&next, &mut st, &ExtractiveSummarizer, &opts))
-                    .unwrap()
-            },
-            BatchSize::LargeInput,
-        )
-    });
-    // The same, with the new message's count already cached: planning alone.
-    let mut counted = warm.clone();
-    engine.count_prompt(&next, &budget, &mut counted.token_cache);
-    g.bench_function("warm_100k_tokens_new_message_counted", |b| {
-        b.iter_batched(
-            || counted.clone(),
-            |mut st| {
-                rt.block_on(engine.compact_request(&next, &mut st, &ExtractiveSummarizer, &opts))
-                    .unwrap()
-            },
-            BatchSize::LargeInput,
-        )
-    });
-    g.finish();
+    (next, warm)
 }
 
 fn counting_benches(c: &mut Criterion) {
