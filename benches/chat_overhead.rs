@@ -163,16 +163,7 @@ fn main() {
             load(addr, &bodies[..rate as usize], "warm", rate, 1).await;
         }
         if let Some(redis) = &redis {
-            let mut conn = redis.connection().await;
-            let keys: Vec<String> =
-                redis::cmd("KEYS").arg("foldgate:s:*").query_async(&mut conn).await.unwrap();
-            for key in keys {
-                let state: usize =
-                    redis::cmd("HSTRLEN").arg(&key).arg("state").query_async(&mut conn).await.unwrap();
-                let memory: usize =
-                    redis::cmd("MEMORY").arg("USAGE").arg(&key).query_async(&mut conn).await.unwrap();
-                println!("stored per session: state {state} bytes, Redis memory {memory} bytes");
-            }
+            print_stored_sizes(redis).await;
         }
 
         println!("\n| path | p50 ms | p99 ms | max ms | errors |\n| --- | --- | --- | --- | --- |");
@@ -195,6 +186,20 @@ fn main() {
             );
         }
     });
+}
+
+/// Prints the bytes each session stored in `redis` takes: its state and Redis's memory.
+async fn print_stored_sizes(redis: &redis_server::RedisServer) {
+    let mut conn = redis.connection().await;
+    let keys: Vec<String> =
+        redis::cmd("KEYS").arg("foldgate:s:*").query_async(&mut conn).await.unwrap();
+    for key in keys {
+        let state: usize =
+            redis::cmd("HSTRLEN").arg(&key).arg("state").query_async(&mut conn).await.unwrap();
+        let memory: usize =
+            redis::cmd("MEMORY").arg("USAGE").arg(&key).query_async(&mut conn).await.unwrap();
+        println!("stored per session: state {state} bytes, Redis memory {memory} bytes");
+    }
 }
 
 /// Sends the first request of the conversation, which folds and stores its blocks.

@@ -806,58 +806,8 @@ impl Report {
         let mut verdict = String::new();
         for (b, (label, _)) in BODIES.iter().enumerate() {
             let s: Vec<Summary> = results[b].iter().map(|runs| Summary::of(runs)).collect();
-            for (t, target) in Target::ALL.iter().enumerate() {
-                let (added50, added99) = match target {
-                    Target::Direct => ("–".to_owned(), "–".to_owned()),
-                    _ => (
-                        format!("{:+.3}", s[t].p50 - s[0].p50),
-                        format!("{:+.3}", s[t].p99 - s[0].p99),
-                    ),
-                };
-                let _ = writeln!(
-                    table,
-                    "| {label} ({} B) | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {}/{} \
-                     | {} / {} | {} | {added50} | {added99} |",
-                    bodies[b].len(),
-                    target.name(),
-                    s[t].p50,
-                    s[t].p99,
-                    s[t].p99_all,
-                    s[t].p999_all,
-                    s[t].max,
-                    s[t].errors,
-                    s[t].requests,
-                    s[t].redone,
-                    s[t].disturbed,
-                    s[t].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
-                );
-            }
-            let show = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
-            for t in [2, 3] {
-                let p50_ratio = ratio(s[t].p50 - s[0].p50, s[1].p50 - s[0].p50);
-                let p99_ratio = ratio(s[t].p99 - s[0].p99, s[1].p99 - s[0].p99);
-                let _ = writeln!(
-                    verdict,
-                    "- {label}, {}: added {:.3} ms at p50 (nginx {:.3} ms) → ratio **{}** \
-                     (target ≤ {TARGET_RATIO} at {} rps: {}); at p99 {:.3} ms (nginx {:.3} ms) \
-                     → ratio {}; CPU {} µs/request (nginx {})",
-                    Target::ALL[t].name(),
-                    s[t].p50 - s[0].p50,
-                    s[1].p50 - s[0].p50,
-                    show(p50_ratio),
-                    settings.rate,
-                    match p50_ratio {
-                        Some(r) if r <= TARGET_RATIO => "met",
-                        Some(_) => "missed",
-                        None => "nginx added nothing measurable",
-                    },
-                    s[t].p99 - s[0].p99,
-                    s[1].p99 - s[0].p99,
-                    show(p99_ratio),
-                    s[t].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
-                    s[1].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
-                );
-            }
+            table_rows(&mut table, label, bodies[b].len(), &s);
+            verdict_lines(&mut verdict, label, &s, settings.rate);
         }
         let _ = writeln!(
             verdict,
@@ -874,30 +824,22 @@ impl Report {
     }
 
     fn markdown(&self, settings: &Settings) -> String {
-        let cores = std::thread::available_parallelism().map_or(0, usize::from);
-        let cpu = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|c| {
-                c.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .map(|l| l.split_once(':').map_or("", |(_, v)| v).trim().to_owned())
-            })
-            .unwrap_or_else(|| "unknown CPU".to_owned());
-        let date = Command::new("date")
-            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default();
         format!(
-            "## Proxy latency on the chat path, default configuration
+            "{}\n\n{}\n\n{}\n\n{}\n\n{}\nfoldgate's added latency over nginx's (target: at most \
+             1.3x at p50):\n\n{}",
+            heading_lines(),
+            self.setup_paragraph(settings),
+            load_paragraph(settings),
+            noise_paragraph(),
+            self.table,
+            self.verdict,
+        )
+    }
 
-Command: `scripts/bench-proxy.sh` (installs nginx when it is missing, then runs
-`cargo bench --bench proxy_latency` at real-time priority when allowed).
-
-Date: {date}. Machine: {cores} cores ({cpu}); slices disturbed by other load are redone (see Noise).
-Scheduling: {sched}.
-
-Setup: one process holds the load generator and the mock upstream (hyper 1, reads the
+    /// What ran where: the mock, nginx and the two foldgate processes.
+    fn setup_paragraph(&self, settings: &Settings) -> String {
+        format!(
+            "Setup: one process holds the load generator and the mock upstream (hyper 1, reads the
 whole request, answers a {resp} B `chat.completion`); nginx ({nginx}, `worker_processes
 {workers}`, keep-alive upstream pool, `proxy_request_buffering off`, `proxy_buffering
 off`, no access log) and two foldgate processes (bench-profile build) run as child
@@ -907,55 +849,141 @@ and `foldgate, compaction off` (the same with `compaction.enabled = false`). Eve
 request is a chat completion far below the compaction trigger, so foldgate reads it
 whole, scans its outline, bounds its tokens from its text and forwards the original
 bytes (no parse, no conversation state). foldgate runs one connection thread per core, so nginx gets one worker
-process per core.
+process per core.",
+            resp = MOCK_RESPONSE.len(),
+            nginx = self.nginx_version,
+            workers = settings.nginx_workers,
+        )
+    }
+}
 
-Load: open loop at {rate} requests/s on a fixed timeline over keep-alive HTTP/1.1
+/// The rows of one body size (`label`, `len` bytes): one per target, from its summary.
+fn table_rows(table: &mut String, label: &str, len: usize, s: &[Summary]) {
+    for (t, target) in Target::ALL.iter().enumerate() {
+        let (added50, added99) = match target {
+            Target::Direct => ("–".to_owned(), "–".to_owned()),
+            _ => (format!("{:+.3}", s[t].p50 - s[0].p50), format!("{:+.3}", s[t].p99 - s[0].p99)),
+        };
+        let _ = writeln!(
+            table,
+            "| {label} ({len} B) | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {}/{} \
+             | {} / {} | {} | {added50} | {added99} |",
+            target.name(),
+            s[t].p50,
+            s[t].p99,
+            s[t].p99_all,
+            s[t].p999_all,
+            s[t].max,
+            s[t].errors,
+            s[t].requests,
+            s[t].redone,
+            s[t].disturbed,
+            s[t].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
+        );
+    }
+}
+
+/// The verdict of one body size (`label`) for each foldgate target: its added latency
+/// against nginx's at p50 (the target at `rate`) and p99, and its CPU per request.
+fn verdict_lines(verdict: &mut String, label: &str, s: &[Summary], rate: u32) {
+    let show = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
+    for t in [2, 3] {
+        let p50_ratio = ratio(s[t].p50 - s[0].p50, s[1].p50 - s[0].p50);
+        let p99_ratio = ratio(s[t].p99 - s[0].p99, s[1].p99 - s[0].p99);
+        let _ = writeln!(
+            verdict,
+            "- {label}, {}: added {:.3} ms at p50 (nginx {:.3} ms) → ratio **{}** \
+             (target ≤ {TARGET_RATIO} at {} rps: {}); at p99 {:.3} ms (nginx {:.3} ms) \
+             → ratio {}; CPU {} µs/request (nginx {})",
+            Target::ALL[t].name(),
+            s[t].p50 - s[0].p50,
+            s[1].p50 - s[0].p50,
+            show(p50_ratio),
+            rate,
+            match p50_ratio {
+                Some(r) if r <= TARGET_RATIO => "met",
+                Some(_) => "missed",
+                None => "nginx added nothing measurable",
+            },
+            s[t].p99 - s[0].p99,
+            s[1].p99 - s[0].p99,
+            show(p99_ratio),
+            s[t].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
+            s[1].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
+        );
+    }
+}
+
+/// The section's heading, the command that produces it, and when, where and at which
+/// priority it ran.
+fn heading_lines() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split_once(':').map_or("", |(_, v)| v).trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let sched = if realtime() {
+        "`SCHED_FIFO` priority 1 for the bench and both proxies, so the builds running \
+         alongside (which at normal priority stall any of them for milliseconds at a \
+         time) cannot preempt them"
+    } else {
+        "normal priority, so builds running alongside add milliseconds of noise"
+    };
+    format!(
+        "## Proxy latency on the chat path, default configuration
+
+Command: `scripts/bench-proxy.sh` (installs nginx when it is missing, then runs
+`cargo bench --bench proxy_latency` at real-time priority when allowed).
+
+Date: {date}. Machine: {cores} cores ({cpu}); slices disturbed by other load are redone (see Noise).
+Scheduling: {sched}."
+    )
+}
+
+/// How the load was sent and measured.
+fn load_paragraph(settings: &Settings) -> String {
+    format!(
+        "Load: open loop at {rate} requests/s on a fixed timeline over keep-alive HTTP/1.1
 connections; latency runs from the scheduled send time to the last response byte, so
 stalls are not hidden (no coordinated omission). Each target and body gets {warmup:?} of
 warm-up, then {rounds} rounds, targets in rotating order, of {slice:?} unmeasured plus
 {measure:?} measured ({per_slice} requests). p50 and p99 are the median over the rounds;
 the pooled columns take every sample of every kept slice. Errors (non-2xx, connection
-errors, timeouts) count over all slices, including redone ones.
+errors, timeouts) count over all slices, including redone ones.",
+        rate = settings.rate,
+        warmup = settings.warmup,
+        measure = settings.measure,
+        rounds = settings.rounds,
+        slice = SLICE_WARMUP,
+        per_slice = (f64::from(settings.rate) * settings.measure.as_secs_f64()).round(),
+    )
+}
 
-Noise: a slice is *disturbed* when the load generator started its requests more than
+/// When a slice counts as disturbed and is measured again.
+fn noise_paragraph() -> String {
+    let other_rule = if realtime() {
+        String::new()
+    } else {
+        format!(" or when work outside the bench kept more than {OTHER_LOAD_LIMIT} cores busy")
+    };
+    format!(
+        "Noise: a slice is *disturbed* when the load generator started its requests more than
 {lag:?} late (p99){other_rule}; it is measured again (at most {per_slice_redos} times,
 {redos} in all) and the table says how often. Proxy CPU is the CPU time of the proxy's
-processes per request, which other load on the machine hardly changes.
-
-{table}
-foldgate's added latency over nginx's (target: at most 1.3x at p50):
-
-{verdict}",
-            resp = MOCK_RESPONSE.len(),
-            nginx = self.nginx_version,
-            workers = settings.nginx_workers,
-            rate = settings.rate,
-            warmup = settings.warmup,
-            measure = settings.measure,
-            rounds = settings.rounds,
-            slice = SLICE_WARMUP,
-            per_slice = (f64::from(settings.rate) * settings.measure.as_secs_f64()).round(),
-            lag = LAG_LIMIT,
-            other_rule = if realtime() {
-                String::new()
-            } else {
-                format!(
-                    " or when work outside the bench kept more than {OTHER_LOAD_LIMIT} cores busy"
-                )
-            },
-            sched = if realtime() {
-                "`SCHED_FIFO` priority 1 for the bench and both proxies, so the builds running \
-                 alongside (which at normal priority stall any of them for milliseconds at a \
-                 time) cannot preempt them"
-            } else {
-                "normal priority, so builds running alongside add milliseconds of noise"
-            },
-            per_slice_redos = MAX_REDOS_PER_SLICE,
-            redos = MAX_REDOS,
-            table = self.table,
-            verdict = self.verdict,
-        )
-    }
+processes per request, which other load on the machine hardly changes.",
+        lag = LAG_LIMIT,
+        per_slice_redos = MAX_REDOS_PER_SLICE,
+        redos = MAX_REDOS,
+    )
 }
 
 /// foldgate's added latency over nginx's; none when nginx added nothing measurable, and
