@@ -1,6 +1,6 @@
 //! The words every stage shares: what happened to a request, how deep the engine went,
 //! why a summarizer call failed, which store operation ran, which summarizer wrote a
-//! digest. One enum each, spelled once: headers, logs, metrics, the inspector and the
+//! digest, the sections of a digest. One enum each, spelled once: headers, logs, metrics, the inspector and the
 //! configuration all use these (each value's `as_str` is its label everywhere).
 //!
 //! A leaf: imports nothing of the crate.
@@ -226,6 +226,92 @@ impl StoreOp {
     }
 }
 
+/// A section of a digest. Fold digests write [`Section::FOLD`] in that order, goal
+/// histories [`Section::GOAL_BATCH`]; an empty section is left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Section {
+    /// What the user asked for that still applies.
+    StandingFacts,
+    /// What was completed.
+    Milestones,
+    /// Choices made, with their reasons.
+    KeyDecisions,
+    /// What was established.
+    Findings,
+    /// What was tried and dropped.
+    Attempted,
+    /// Where the work stands.
+    CurrentState,
+    /// Questions, blockers, next steps.
+    OpenItems,
+    /// A goal history: what the user wanted, and how it changed.
+    GoalArc,
+    /// A goal history: every instruction the user gave.
+    HumanDirection,
+    /// A goal history: what was completed.
+    Achieved,
+    /// A goal history: what was tried and dropped.
+    DeadEnds,
+    /// A goal history: what still applies.
+    LastingConstraints,
+    /// Exact strings, and the work trail.
+    KeyArtifacts,
+}
+
+impl Section {
+    /// The sections of a fold's digest, in order.
+    pub const FOLD: [Self; 8] = [
+        Self::StandingFacts,
+        Self::Milestones,
+        Self::KeyDecisions,
+        Self::Findings,
+        Self::Attempted,
+        Self::CurrentState,
+        Self::OpenItems,
+        Self::KeyArtifacts,
+    ];
+
+    /// The sections of a goal history, in order.
+    pub const GOAL_BATCH: [Self; 6] = [
+        Self::GoalArc,
+        Self::HumanDirection,
+        Self::Achieved,
+        Self::DeadEnds,
+        Self::LastingConstraints,
+        Self::KeyArtifacts,
+    ];
+
+    /// The section's heading line, as digests write it.
+    pub const fn heading(self) -> &'static str {
+        match self {
+            Self::StandingFacts => "## Standing facts & constraints",
+            Self::Milestones => "## Milestones",
+            Self::KeyDecisions => "## Key decisions",
+            Self::Findings => "## Findings",
+            Self::Attempted => "## Attempted & abandoned",
+            Self::CurrentState => "## Current state",
+            Self::OpenItems => "## Open items",
+            Self::GoalArc => "## Goal arc",
+            Self::HumanDirection => "## Human direction",
+            Self::Achieved => "## Achieved",
+            Self::DeadEnds => "## Dead ends",
+            Self::LastingConstraints => "## Lasting constraints",
+            Self::KeyArtifacts => "## Key artifacts",
+        }
+    }
+
+    /// The section's title (its heading without `## `).
+    pub fn title(self) -> &'static str {
+        self.heading().trim_start_matches("## ")
+    }
+
+    /// The section titled `title`, if any.
+    pub fn from_title(title: &str) -> Option<Self> {
+        let all = Self::FOLD.into_iter().chain(Self::GOAL_BATCH);
+        all.into_iter().find(|s| s.title() == title)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +322,14 @@ mod tests {
         assert!(FailureReason::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
         assert!(StoreOp::ALL.iter().enumerate().all(|(i, o)| o.index() == i));
         assert!(Tier::ALL.iter().all(|t| t.as_str() == t.number().to_string()));
+    }
+
+    #[test]
+    fn sections_are_found_by_their_titles() {
+        for s in Section::FOLD.into_iter().chain(Section::GOAL_BATCH) {
+            assert_eq!(Section::from_title(s.title()), Some(s));
+            assert_eq!(s.heading(), format!("## {}", s.title()));
+        }
     }
 
     #[test]

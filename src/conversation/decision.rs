@@ -48,44 +48,29 @@ pub struct Rewritten {
 impl Decision {
     /// Nothing to compact: forward the original bytes (`report` says what was measured).
     pub fn unchanged(report: Report) -> Self {
-        Self {
-            outcome: Outcome::Passthrough,
-            rewritten: None,
-            report: Some(report),
-            store_error: false,
-            error: None,
-            fold_wait: Duration::ZERO,
-            new_blocks: Vec::new(),
-            token_ratio: None,
-            blocked: false,
-        }
+        Self { report: Some(report), ..Self::original(Outcome::Passthrough) }
     }
 
     /// Forwarded as received without running the engine: a request that relies on
     /// conversation state the provider keeps.
     pub fn passthrough() -> Self {
-        Self {
-            outcome: Outcome::Passthrough,
-            rewritten: None,
-            report: None,
-            store_error: false,
-            error: None,
-            fold_wait: Duration::ZERO,
-            new_blocks: Vec::new(),
-            token_ratio: None,
-            blocked: false,
-        }
+        Self::original(Outcome::Passthrough)
     }
 
     /// Compaction did not run to the end: forward the original bytes.
     pub fn failed_open(error: String, store_error: bool) -> Self {
         tracing::error!(%error, "compaction failed; forwarding the original request");
+        Self { store_error, error: Some(error), ..Self::original(Outcome::FailedOpen) }
+    }
+
+    /// The original bytes forwarded with `outcome`, nothing else known.
+    fn original(outcome: Outcome) -> Self {
         Self {
-            outcome: Outcome::FailedOpen,
+            outcome,
             rewritten: None,
             report: None,
-            store_error,
-            error: Some(error),
+            store_error: false,
+            error: None,
             fold_wait: Duration::ZERO,
             new_blocks: Vec::new(),
             token_ratio: None,

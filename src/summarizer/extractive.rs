@@ -15,6 +15,7 @@ use serde_json::Value;
 use super::artifacts;
 use super::{DigestKind, Summarizer, SummarizerError, SummaryInput};
 use crate::model::{Message, Role, call_parts, is_user_words};
+use crate::vocab::Section;
 
 /// Builds digests from the messages alone; never fails.
 #[derive(Debug, Clone, Copy, Default)]
@@ -223,13 +224,13 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     let open = open_questions(&assistant_texts);
 
     let mut out = String::new();
-    section(&mut out, "Standing facts & constraints", &facts, share(14));
-    section(&mut out, "Milestones", &milestones, share(8));
-    section(&mut out, "Key decisions", &decisions, share(8));
-    section(&mut out, "Findings", &findings, share(10));
-    section(&mut out, "Attempted & abandoned", &abandoned, share(8));
-    section(&mut out, "Current state", &state, share(5));
-    section(&mut out, "Open items", &open, share(5));
+    section(&mut out, Section::StandingFacts.title(), &facts, share(14));
+    section(&mut out, Section::Milestones.title(), &milestones, share(8));
+    section(&mut out, Section::KeyDecisions.title(), &decisions, share(8));
+    section(&mut out, Section::Findings.title(), &findings, share(10));
+    section(&mut out, Section::Attempted.title(), &abandoned, share(8));
+    section(&mut out, Section::CurrentState.title(), &state, share(5));
+    section(&mut out, Section::OpenItems.title(), &open, share(5));
     out.trim_end().to_owned()
 }
 
@@ -329,12 +330,11 @@ pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
         let mut into: Option<&mut Vec<String>> = None;
         for line in text.lines() {
             if let Some(title) = line.strip_prefix("## ") {
-                into = match title.trim() {
-                    "Milestones" | "Achieved" | "Current state" => Some(&mut achieved),
-                    "Attempted & abandoned" | "Dead ends" => Some(&mut dead_ends),
-                    "Standing facts & constraints" | "Lasting constraints" | "Human direction" => {
-                        Some(&mut lasting)
-                    }
+                use Section::*;
+                into = match Section::from_title(title.trim()) {
+                    Some(Milestones | Achieved | CurrentState) => Some(&mut achieved),
+                    Some(Attempted | DeadEnds) => Some(&mut dead_ends),
+                    Some(StandingFacts | LastingConstraints | HumanDirection) => Some(&mut lasting),
                     _ => None,
                 };
             } else if let Some(list) = into.as_deref_mut() {
@@ -356,11 +356,11 @@ pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     );
 
     let mut out = String::new();
-    section(&mut out, "Goal arc", &goal, share(10));
-    section(&mut out, "Human direction", &users, share(30));
-    section(&mut out, "Achieved", &keep_ends(achieved, 4, 12), share(22));
-    section(&mut out, "Dead ends", &keep_ends(dead_ends, 2, 6), share(10));
-    section(&mut out, "Lasting constraints", &lasting, share(10));
+    section(&mut out, Section::GoalArc.title(), &goal, share(10));
+    section(&mut out, Section::HumanDirection.title(), &users, share(30));
+    section(&mut out, Section::Achieved.title(), &keep_ends(achieved, 4, 12), share(22));
+    section(&mut out, Section::DeadEnds.title(), &keep_ends(dead_ends, 2, 6), share(10));
+    section(&mut out, Section::LastingConstraints.title(), &lasting, share(10));
     out.trim_end().to_owned()
 }
 

@@ -5,7 +5,7 @@ use super::Trail;
 use super::actions::is_path_word;
 
 /// The heading of the digest section the trail is written under.
-pub const KEY_ARTIFACTS: &str = "## Key artifacts";
+pub const KEY_ARTIFACTS: &str = crate::vocab::Section::KeyArtifacts.heading();
 
 /// File extensions that make a word of a digest line a file path.
 pub(super) const FILE_EXTS: &[&str] = &[
