@@ -241,13 +241,16 @@ fn docker_compose_config_validates_where_the_plugin_exists() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
-/// Metric names registered in `src/metrics.rs` (`field: counter("name", ...)` and the like).
+/// Metric names defined in `src/metrics.rs` (each `Spec { name: "name", ... }`, and the
+/// gauge made directly).
 fn defined_metrics() -> Vec<String> {
     let source = std::fs::read_to_string(repo("src/metrics.rs")).unwrap();
-    let mut names: Vec<String> = [": counter(", ": histogram(", ": plain_histogram("]
-        .iter()
-        .flat_map(|marker| source.match_indices(marker).map(|(i, m)| &source[i + m.len()..]))
-        .filter_map(|rest| rest.trim_start().strip_prefix('"')?.split('"').next())
+    let mut names: Vec<String> = source
+        .match_indices("= Spec {")
+        .filter_map(|(i, m)| {
+            let rest = source[i + m.len()..].trim_start().strip_prefix("name:")?;
+            rest.trim_start().strip_prefix('"')?.split('"').next()
+        })
         .map(|name| format!("foldgate_{name}"))
         .collect();
     names.extend(source.match_indices("IntGauge::new(").filter_map(|(i, m)| {

@@ -17,7 +17,9 @@ use common::sessions::{Shape, session_requests};
 use common::*;
 use foldgate::compaction::SessionState;
 use foldgate::config::{Config, SecretUrl, StoreKind};
-use foldgate::session::{RedisOptions, RedisStore, Saved, SessionKey, SessionStore};
+use foldgate::session::{
+    LeaseStore, RedisOptions, RedisStore, Saved, SessionKey, StateStore, WindowStore,
+};
 use http::StatusCode;
 use serde_json::json;
 

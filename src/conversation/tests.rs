@@ -6,7 +6,9 @@ use serde_json::json;
 
 use super::*;
 use crate::config::CompactionConfig;
-use crate::session::{Lease, Loaded, MemoryStore, Saved, StoreError};
+use crate::session::{
+    Lease, LeaseStore, Loaded, MemoryStore, RecordStore, Saved, StateStore, StoreError, WindowStore,
+};
 use crate::summarizer::{SummarizerError, SummaryInput};
 
 /// A conversation far over a 4,000-token window.
@@ -50,16 +52,19 @@ impl Summarizer for Panicking {
 struct Broken;
 
 #[async_trait]
-impl SessionStore<SessionState> for Broken {
+impl StateStore<SessionState> for Broken {
     fn name(&self) -> &'static str {
         "broken"
     }
+
     async fn load(&self, _: &SessionKey) -> Result<Option<Loaded<SessionState>>, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
     }
+
     async fn save(&self, _: &SessionKey, _: SessionState, _: u64) -> Result<Saved, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
     }
+
     fn active_sessions(&self) -> usize {
         0
     }
@@ -97,6 +102,12 @@ async fn a_failing_store_still_compacts_and_is_reported() {
     assert!(decision.rewritten.is_some());
 }
 
+impl LeaseStore for Broken {}
+
+impl WindowStore for Broken {}
+
+impl RecordStore for Broken {}
+
 /// A memory store that says it is shared, with leases another holder can take.
 #[derive(Default)]
 struct SharedMemory {
@@ -117,16 +128,19 @@ impl SharedMemory {
 }
 
 #[async_trait]
-impl SessionStore<SessionState> for SharedMemory {
+impl StateStore<SessionState> for SharedMemory {
     fn name(&self) -> &'static str {
         "shared-memory"
     }
+
     fn is_shared(&self) -> bool {
         true
     }
+
     async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<SessionState>>, StoreError> {
         self.store().load(key).await
     }
+
     async fn save(
         &self,
         key: &SessionKey,
@@ -135,22 +149,32 @@ impl SessionStore<SessionState> for SharedMemory {
     ) -> Result<Saved, StoreError> {
         self.store().save(key, state, revision).await
     }
+
+    fn active_sessions(&self) -> usize {
+        0
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SharedMemory {
     async fn try_lease(&self, key: &SessionKey, _: Duration) -> Result<Option<Lease>, StoreError> {
         let fresh = self.leases.lock().unwrap().insert(key.clone());
         Ok(fresh.then(|| Lease { token: "t".into() }))
     }
+
     async fn release(&self, key: &SessionKey, _: Lease) -> Result<(), StoreError> {
         self.leases.lock().unwrap().remove(key);
         Ok(())
-    }
-    fn active_sessions(&self) -> usize {
-        0
     }
 }
 
 /// Counts its calls; answers a fixed digest.
 #[derive(Default)]
 struct Counting(std::sync::atomic::AtomicUsize);
+
+impl WindowStore for SharedMemory {}
+
+impl RecordStore for SharedMemory {}
 
 #[async_trait]
 impl Summarizer for Counting {

@@ -2,13 +2,14 @@
 //! (least recently used evicted first). Inspection records (see [`super::record`]) live
 //! in a second map under the same bounds.
 
+use super::{LeaseStore, RecordStore, StateStore, WindowStore};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::{Loaded, Record, RecordUpdate, Saved, SessionKey, SessionStore, StoreError, Summary};
+use super::{Loaded, Record, RecordUpdate, Saved, SessionKey, StoreError, Summary};
 
 struct Entry<S> {
     state: S,
@@ -96,7 +97,7 @@ impl<S> MemoryStore<S> {
 }
 
 #[async_trait]
-impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
+impl<S: Clone + Send + Sync + 'static> StateStore<S> for MemoryStore<S> {
     fn name(&self) -> &'static str {
         "memory"
     }
@@ -150,6 +151,15 @@ impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
         self.sweep_expired()
     }
 
+    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        let state = self.map.remove(key).is_some();
+        let record = self.records.remove(key).is_some();
+        Ok(state || record)
+    }
+}
+
+#[async_trait]
+impl<S: Clone + Send + Sync + 'static> RecordStore for MemoryStore<S> {
     fn record(&self, key: &SessionKey, update: RecordUpdate) {
         if !self.records.contains_key(key) {
             self.make_room_for_record();
@@ -187,13 +197,11 @@ impl<S: Clone + Send + Sync + 'static> SessionStore<S> for MemoryStore<S> {
     async fn record_of(&self, key: &SessionKey) -> Result<Option<Record>, StoreError> {
         Ok(self.live_record(key))
     }
-
-    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
-        let state = self.map.remove(key).is_some();
-        let record = self.records.remove(key).is_some();
-        Ok(state || record)
-    }
 }
+
+impl<S: Send + Sync> LeaseStore for MemoryStore<S> {}
+
+impl<S: Send + Sync> WindowStore for MemoryStore<S> {}
 
 #[cfg(test)]
 mod tests {
@@ -243,7 +251,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(5)).await;
         store.save(&key(2), 2u32, 0).await.unwrap();
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert_eq!(SessionStore::<u32>::sweep(&store), 1);
+        assert_eq!(StateStore::<u32>::sweep(&store), 1);
         assert_eq!(state(&store, 2).await, Some(2));
     }
 

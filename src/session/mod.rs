@@ -84,9 +84,9 @@ pub struct Lease {
     pub token: String,
 }
 
-/// Where conversation state lives between requests.
+/// Conversation state between requests, saved conditionally by revision.
 #[async_trait]
-pub trait SessionStore<S>: Send + Sync {
+pub trait StateStore<S>: Send + Sync {
     /// A short name for logs and metrics (`memory`, `redis`).
     fn name(&self) -> &'static str;
 
@@ -103,6 +103,27 @@ pub trait SessionStore<S>: Send + Sync {
     /// was stored), so that concurrent writers never overwrite each other's work unseen.
     async fn save(&self, key: &SessionKey, state: S, revision: u64) -> Result<Saved, StoreError>;
 
+    /// Conversations currently held (for the active-sessions gauge), when the store can
+    /// tell cheaply; a shared store reports the ones this process has seen lately.
+    fn active_sessions(&self) -> usize;
+
+    /// Drops expired conversations now; returns how many. Stores whose backend expires
+    /// keys by itself keep the default, which does nothing.
+    fn sweep(&self) -> usize {
+        0
+    }
+
+    /// Forgets `key`: its state and its inspection record, so that its next request
+    /// starts afresh. True when there was something to forget.
+    async fn forget(&self, _key: &SessionKey) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+}
+
+/// Summarization leases: while one process holds a conversation's lease, no other
+/// summarizes for it. A store used by one process needs none: the defaults grant them.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
     /// Takes the summarization lease of `key` for `ttl` unless someone else holds it
     /// (`None`). A store used by one process only needs no lease: the default grants it.
     async fn try_lease(
@@ -117,7 +138,12 @@ pub trait SessionStore<S>: Send + Sync {
     async fn release(&self, _key: &SessionKey, _lease: Lease) -> Result<(), StoreError> {
         Ok(())
     }
+}
 
+/// Context windows learned from providers, shared between the processes of a store.
+/// A store used by one process has none to share: the defaults keep nothing.
+#[async_trait]
+pub trait WindowStore: Send + Sync {
     /// Context windows learned from providers, by model key, that other processes
     /// shared through this store. A store used by one process has none to share.
     async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
@@ -128,17 +154,12 @@ pub trait SessionStore<S>: Send + Sync {
     async fn save_window(&self, _model: &str, _tokens: u64) -> Result<(), StoreError> {
         Ok(())
     }
+}
 
-    /// Conversations currently held (for the active-sessions gauge), when the store can
-    /// tell cheaply; a shared store reports the ones this process has seen lately.
-    fn active_sessions(&self) -> usize;
-
-    /// Drops expired conversations now; returns how many. Stores whose backend expires
-    /// keys by itself keep the default, which does nothing.
-    fn sweep(&self) -> usize {
-        0
-    }
-
+/// The inspection records of conversations (see [`self::record`]). The defaults keep
+/// nothing.
+#[async_trait]
+pub trait RecordStore: Send + Sync {
     /// Adds what one request did to the inspection record of `key` (see [`self::record`]).
     /// Best effort and never waits: a store that writes elsewhere does it in the
     /// background, and a failure loses one entry, never a request. The default keeps
@@ -159,10 +180,13 @@ pub trait SessionStore<S>: Send + Sync {
     async fn record_of(&self, _key: &SessionKey) -> Result<Option<Record>, StoreError> {
         Ok(None)
     }
+}
 
-    /// Forgets `key`: its state and its inspection record, so that its next request
-    /// starts afresh. True when there was something to forget.
-    async fn forget(&self, _key: &SessionKey) -> Result<bool, StoreError> {
-        Ok(false)
-    }
+/// Where conversation state lives between requests: a store of each concern (state,
+/// leases, learned windows, inspection records). Every type with all four is one.
+pub trait SessionStore<S>: StateStore<S> + LeaseStore + WindowStore + RecordStore {}
+
+impl<S, T> SessionStore<S> for T where
+    T: StateStore<S> + LeaseStore + WindowStore + RecordStore + ?Sized
+{
 }

@@ -1,6 +1,7 @@
 //! A store whose every operation is timed and reported, so that the metrics see each
 //! load, save and lease of whichever backend is configured.
 
+use super::{LeaseStore, RecordStore, StateStore, WindowStore};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,7 @@ impl<S> Observed<S> {
 }
 
 #[async_trait]
-impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
+impl<S: Send + Sync + 'static> StateStore<S> for Observed<S> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
@@ -56,6 +57,21 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
         result
     }
 
+    fn active_sessions(&self) -> usize {
+        self.inner.active_sessions()
+    }
+
+    fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+
+    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
+    }
+}
+
+#[async_trait]
+impl<S: Send + Sync + 'static> LeaseStore for Observed<S> {
     async fn try_lease(
         &self,
         key: &SessionKey,
@@ -73,7 +89,10 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
         self.report(StoreOp::Release, started, &result);
         result
     }
+}
 
+#[async_trait]
+impl<S: Send + Sync + 'static> WindowStore for Observed<S> {
     async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.inner.load_windows().await
     }
@@ -81,15 +100,10 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
     async fn save_window(&self, model: &str, tokens: u64) -> Result<(), StoreError> {
         self.inner.save_window(model, tokens).await
     }
+}
 
-    fn active_sessions(&self) -> usize {
-        self.inner.active_sessions()
-    }
-
-    fn sweep(&self) -> usize {
-        self.inner.sweep()
-    }
-
+#[async_trait]
+impl<S: Send + Sync + 'static> RecordStore for Observed<S> {
     fn record(&self, key: &SessionKey, update: RecordUpdate) {
         self.inner.record(key, update);
     }
@@ -104,10 +118,6 @@ impl<S: Send + Sync + 'static> SessionStore<S> for Observed<S> {
 
     async fn record_of(&self, key: &SessionKey) -> Result<Option<Record>, StoreError> {
         self.inner.record_of(key).await
-    }
-
-    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
     }
 }
 

@@ -33,6 +33,7 @@
 //! the first answered ping ends the outage. So an outage costs only the requests that
 //! find it one timeout each, and sharing resumes by itself once Redis is back.
 
+use super::{LeaseStore, RecordStore, StateStore, WindowStore};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -44,8 +45,7 @@ use dashmap::DashMap;
 
 use super::record::{FoldEntry, RequestEntry, TIERS};
 use super::{
-    Lease, Loaded, Record, RecordUpdate, Saved, SessionKey, SessionStore, StoreError, StoredState,
-    Summary,
+    Lease, Loaded, Record, RecordUpdate, Saved, SessionKey, StoreError, StoredState, Summary,
 };
 
 /// The learned-windows hash expires a week after the last window learned.
@@ -293,7 +293,7 @@ fn describe(e: &::redis::RedisError) -> String {
 }
 
 #[async_trait]
-impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
+impl<S: StoredState + Send + Sync + 'static> StateStore<S> for RedisStore<S> {
     fn name(&self) -> &'static str {
         "redis"
     }
@@ -343,6 +343,28 @@ impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
         Ok(if written < 0 { Saved::Conflict } else { Saved::Written })
     }
 
+    fn active_sessions(&self) -> usize {
+        self.seen.len()
+    }
+
+    fn sweep(&self) -> usize {
+        self.seen.sweep()
+    }
+
+    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        let mut cmd = ::redis::cmd("DEL");
+        cmd.arg(self.state_key(key));
+        for part in ["m", "r", "f"] {
+            cmd.arg(self.record_key(part, key));
+        }
+        let mut conn = self.conn.clone();
+        let deleted: u64 = self.run(cmd.query_async(&mut conn)).await?;
+        Ok(deleted > 0)
+    }
+}
+
+#[async_trait]
+impl<S: StoredState + Send + Sync + 'static> LeaseStore for RedisStore<S> {
     async fn try_lease(
         &self,
         key: &SessionKey,
@@ -364,7 +386,10 @@ impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
         let _: i64 = self.run(invocation.invoke_async(&mut conn)).await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl<S: StoredState + Send + Sync + 'static> WindowStore for RedisStore<S> {
     async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let mut conn = self.conn.clone();
         let mut cmd = ::redis::cmd("HGETALL");
@@ -381,15 +406,10 @@ impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
         pipe.cmd("PEXPIRE").arg(&key).arg(WINDOWS_TTL_MS).ignore();
         self.run(pipe.query_async::<()>(&mut conn)).await
     }
+}
 
-    fn active_sessions(&self) -> usize {
-        self.seen.len()
-    }
-
-    fn sweep(&self) -> usize {
-        self.seen.sweep()
-    }
-
+#[async_trait]
+impl<S: StoredState + Send + Sync + 'static> RecordStore for RedisStore<S> {
     fn record(&self, key: &SessionKey, update: RecordUpdate) {
         if self.down.load(Ordering::Relaxed) {
             return;
@@ -446,17 +466,6 @@ impl<S: StoredState + Send + Sync + 'static> SessionStore<S> for RedisStore<S> {
                 .collect(),
             folds: folds.iter().filter_map(|j| serde_json::from_str::<FoldEntry>(j).ok()).collect(),
         }))
-    }
-
-    async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
-        let mut cmd = ::redis::cmd("DEL");
-        cmd.arg(self.state_key(key));
-        for part in ["m", "r", "f"] {
-            cmd.arg(self.record_key(part, key));
-        }
-        let mut conn = self.conn.clone();
-        let deleted: u64 = self.run(cmd.query_async(&mut conn)).await?;
-        Ok(deleted > 0)
     }
 }
 
