@@ -6,7 +6,8 @@
 //! here on a free port, skipped with the reason printed when there is none) and reports
 //! what Redis adds over the in-memory store, and the bytes stored for the conversation.
 //!
-//! Run: `cargo bench --bench chat_overhead` (options: `--rate N`, `--seconds N`).
+//! Run: `cargo bench --bench chat_overhead` (options: `--rate N`, `--seconds N`;
+//! `BENCH_FOLDGATE_BIN=path` measures another build of foldgate).
 //! Targets: under 5 ms added at p99 at 100 requests per second; Redis over memory at
 //! most 0.5 ms at p99 on loopback.
 #![allow(
@@ -60,7 +61,10 @@ fn start_foldgate(upstream: SocketAddr, compaction: bool, env: &[(&str, String)]
     let mut settings = vec![("FOLDGATE_SUMMARIZER__KIND", "extractive".to_owned())];
     settings.extend(env.iter().cloned());
     foldgate_process::start_foldgate(FoldgateOptions {
-        bin: PathBuf::from(env!("CARGO_BIN_EXE_foldgate")),
+        // Another build of foldgate may be measured instead (e.g. an older revision,
+        // for a before/after comparison): `BENCH_FOLDGATE_BIN=path`.
+        bin: std::env::var_os("BENCH_FOLDGATE_BIN")
+            .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_foldgate")), PathBuf::from),
         upstream,
         compaction,
         env: settings,
