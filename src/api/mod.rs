@@ -10,6 +10,8 @@
 //! written in the shape's own form, and every other top-level field stays as received.
 
 pub mod chat;
+pub mod event_stream;
+pub mod json_text;
 pub mod messages;
 pub mod responses;
 
