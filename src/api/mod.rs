@@ -14,6 +14,7 @@ pub mod event_stream;
 pub mod json_text;
 pub mod messages;
 pub mod responses;
+pub mod responses_output;
 
 use std::ops::Range;
 use std::sync::Arc;
