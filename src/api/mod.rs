@@ -9,6 +9,7 @@
 //! byte for byte. Only messages the engine wrote (digests, stubs of elided output) are
 //! written in the shape's own form, and every other top-level field stays as received.
 
+pub mod anthropic_edits;
 pub mod chat;
 pub mod event_stream;
 pub mod json_text;
