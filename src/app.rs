@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use crate::api::compaction_item::Sealer;
 use crate::compaction::{Engine, SessionState};
-use crate::config::{Config, StoreKind};
+use crate::config::{Config, ServedBy, StoreKind};
 use crate::conversation::{Conversations, Setup, Sharing, Summarizers};
 use crate::http::Server;
 use crate::http::inspect::Inspector;
+use crate::http::served_by::ProviderApis;
 use crate::http::server::{Listeners, ServerError};
 use crate::http::turn::Turns;
 use crate::metrics::Metrics;
@@ -85,9 +87,37 @@ fn build_pipeline(
         metrics: Some(metrics.clone()),
         runtime: compaction_runtime,
     });
-    let turns =
-        Turns { conversations, session_header, enabled: config.compaction.enabled, inspector };
+    let turns = Turns {
+        conversations,
+        session_header,
+        enabled: config.compaction.enabled,
+        inspector,
+        provider: Arc::new(provider_apis(config)),
+    };
     Ok((turns, metrics))
+}
+
+/// Who serves the providers' compaction APIs, and the key sealing foldgate's items.
+fn provider_apis(config: &Config) -> ProviderApis {
+    let sealer = match config.responses.key_bytes() {
+        Some(Ok(key)) => Sealer::new(&key),
+        // Rejected when the configuration was validated.
+        Some(Err(_)) | None => {
+            let serves = [config.responses.compact, config.responses.context_management];
+            if serves.iter().any(|s| *s != ServedBy::Upstream) {
+                tracing::warn!(
+                    "responses.compaction_key is not set: a key was generated; compaction items foldgate seals open only in this process (set the same key on every replica)"
+                );
+            }
+            Sealer::generated()
+        }
+    };
+    ProviderApis {
+        responses_compact: config.responses.compact,
+        responses_context: config.responses.context_management,
+        messages_context: config.messages.context_management,
+        sealer,
+    }
 }
 
 /// The configured session store, each operation timed into `metrics`.

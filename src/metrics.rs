@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 
-use crate::vocab::{FailureReason, Outcome, StoreOp, SummarizerKind, Tier};
+use crate::vocab::{FailureReason, Outcome, ProviderApi, StoreOp, SummarizerKind, Tier};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
@@ -248,6 +248,12 @@ const TRAIL_REREADS: Spec = Spec {
     labels: &["route"],
 };
 
+const PROVIDER_COMPACTIONS: Spec = Spec {
+    name: "provider_compactions_total",
+    help: "Requests of the providers' own compaction APIs (Responses compact and context_management, Anthropic context_management edits) that compacted, by API and by who served them (upstream, foldgate).",
+    labels: &["api", "served_by"],
+};
+
 const LEARNED_WINDOWS: Spec = Spec {
     name: "learned_windows_total",
     help: "Context windows learned from overflow errors (learned), and chat requests planned against one (applied).",
@@ -393,6 +399,8 @@ pub struct Metrics {
     /// Learned context windows: `learned` (a provider stated a smaller window than
     /// known), `applied` (a chat request was planned against a learned window).
     pub learned_windows: IntCounterVec,
+    /// Requests of the providers' own compaction APIs, by API and by who served them.
+    pub provider_compactions: IntCounterVec,
     per_request: PerRequest,
 }
 
@@ -440,6 +448,7 @@ impl Metrics {
             overflow_retries: r.counter(&OVERFLOW_RETRIES)?,
             trail_rereads: r.counter(&TRAIL_REREADS)?,
             learned_windows: r.counter(&LEARNED_WINDOWS)?,
+            provider_compactions: r.counter(&PROVIDER_COMPACTIONS)?,
             registry,
             per_request: PerRequest::default(),
         }
@@ -480,6 +489,11 @@ impl Metrics {
         for event in WindowEvent::ALL {
             self.learned_windows.with_label_values(&[event.as_str()]);
         }
+        for api in ProviderApi::ALL {
+            for served_by in ["upstream", "foldgate"] {
+                self.provider_compactions.with_label_values(&[api.as_str(), served_by]);
+            }
+        }
         for op in StoreOp::ALL {
             self.store_errors.with_label_values(&[op.as_str()]);
             self.store_duration.with_label_values(&[op.as_str()]);
@@ -518,6 +532,13 @@ impl Metrics {
         self.per_request.proxy_overhead[route.index()]
             .get_or_init(|| self.proxy_overhead.with_label_values(&[route.as_str()]))
             .observe(seconds);
+    }
+
+    /// Counts a request of the providers' compaction API `api`, served by foldgate or
+    /// by the upstream.
+    pub fn provider_compaction(&self, api: ProviderApi, by_foldgate: bool) {
+        let served_by = if by_foldgate { "foldgate" } else { "upstream" };
+        self.provider_compactions.with_label_values(&[api.as_str(), served_by]).inc();
     }
 
     /// Counts `files` re-read on `route` (see [`Metrics::trail_rereads`]).

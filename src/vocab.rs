@@ -1,11 +1,37 @@
 //! The words every stage shares: what happened to a request, how deep the engine went,
 //! why a summarizer call failed, which store operation ran, which summarizer wrote a
-//! digest, the sections of a digest. One enum each, spelled once: headers, logs, metrics, the inspector and the
+//! digest, the sections of a digest, the providers' compaction APIs. One enum each, spelled once: headers, logs, metrics, the inspector and the
 //! configuration all use these (each value's `as_str` is its label everywhere).
 //!
 //! A leaf: imports nothing of the crate.
 
 use serde::{Deserialize, Serialize, Serializer};
+
+/// The providers' own compaction APIs, which foldgate serves for upstreams without them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderApi {
+    /// `POST /v1/responses/compact`.
+    ResponsesCompact,
+    /// `context_management` compaction on `/v1/responses`.
+    ResponsesContextManagement,
+    /// `context_management.edits` on Anthropic's `/v1/messages`.
+    MessagesContextManagement,
+}
+
+impl ProviderApi {
+    /// Every API.
+    pub const ALL: [Self; 3] =
+        [Self::ResponsesCompact, Self::ResponsesContextManagement, Self::MessagesContextManagement];
+
+    /// The API's name (a metric label, a part of the stored name).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ResponsesCompact => "responses_compact",
+            Self::ResponsesContextManagement => "responses_context_management",
+            Self::MessagesContextManagement => "messages_context_management",
+        }
+    }
+}
 
 /// What happened to a request of a compacted route.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -18,7 +18,7 @@ use common::*;
 use foldgate::compaction::SessionState;
 use foldgate::config::{Config, SecretUrl, StoreKind};
 use foldgate::session::{
-    LeaseStore, RedisOptions, RedisStore, Saved, SessionKey, StateStore, WindowStore,
+    LearnedStore, LeaseStore, RedisOptions, RedisStore, Saved, SessionKey, StateStore,
 };
 use http::StatusCode;
 use serde_json::json;

@@ -27,12 +27,11 @@ use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::{ListWriter, Origin, Origins, range_in};
+use super::{Fields, ListWriter, Origin, Origins, range_in};
 use crate::model::{ChatRequest, Message, Role};
 
 /// The most `cache_control` breakpoints the Messages API accepts in one request,
@@ -272,36 +271,6 @@ fn neutral_document(block: &Value, hash: impl Fn() -> String) -> Value {
         }
         (Some("text"), _, Some(text)) => json!({"type": "text", "text": text}),
         _ => block.clone(),
-    }
-}
-
-/// A JSON object's members as borrowed raw values, in order (duplicates kept).
-struct Fields<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'a> Fields<'a> {
-    /// The last member named `key` (the one a parser keeps).
-    fn last(&self, key: &str) -> Option<&'a RawValue> {
-        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
-    }
-}
-
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-                let mut fields = Vec::new();
-                while let Some(k) = map.next_key::<String>()? {
-                    fields.push((k, map.next_value::<&'de RawValue>()?));
-                }
-                Ok(Fields(fields))
-            }
-        }
-        d.deserialize_map(V)
     }
 }
 

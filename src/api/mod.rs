@@ -11,6 +11,7 @@
 
 pub mod anthropic_edits;
 pub mod chat;
+pub mod compaction_item;
 pub mod event_stream;
 pub mod json_text;
 pub mod messages;
@@ -23,6 +24,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::model::Message;
@@ -181,6 +184,36 @@ impl ListWriter {
     pub fn finish(mut self) -> Vec<u8> {
         self.out.push(b']');
         self.out
+    }
+}
+
+/// A JSON object's members as borrowed raw values, in order (duplicates kept).
+pub struct Fields<'a>(pub Vec<(String, &'a RawValue)>);
+
+impl<'a> Fields<'a> {
+    /// The last member named `key` (the one a parser keeps).
+    pub fn last(&self, key: &str) -> Option<&'a RawValue> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(k) = map.next_key::<String>()? {
+                    fields.push((k, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 

@@ -20,12 +20,14 @@ mod request;
 pub mod tokens;
 pub mod trail;
 pub mod units;
+pub mod whole;
 
 pub use blocks::{FoldBlock, SessionState};
 pub use budget::{Budget, Options, TokenRatio};
 pub use engine::{Engine, Outcome};
 pub use report::{Report, Tier};
 pub use tokens::TokenCache;
+pub use whole::{FoldWhen, WholeFold};
 
 use crate::model::ModelError;
 

@@ -10,6 +10,7 @@ mod admin;
 mod bytesize;
 mod compaction;
 mod env;
+mod provider;
 mod secret;
 mod session;
 
@@ -23,6 +24,7 @@ pub use crate::vocab::SummarizerKind;
 pub use admin::AdminConfig;
 pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
+pub use provider::{COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy};
 pub use secret::{Secret, SecretUrl};
 pub use session::{SessionConfig, StoreKind, SummarizerConfig};
 
@@ -49,6 +51,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The session inspector.
     pub admin: AdminConfig,
+    /// OpenAI's Responses compaction, for upstreams without it.
+    pub responses: ResponsesConfig,
+    /// Anthropic's context management, for upstreams without it.
+    pub messages: MessagesConfig,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -302,6 +308,7 @@ impl Config {
         self.session.validate()?;
         self.summarizer.validate()?;
         self.admin.validate()?;
+        self.responses.validate()?;
         self.compaction.validate()
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::compaction::{Report, TokenRatio};
+use crate::compaction::{Report, TokenRatio, WholeFold};
 use crate::model::ChatRequest;
 use crate::vocab::Outcome;
 
@@ -61,6 +61,17 @@ impl Decision {
     pub fn failed_open(error: String, store_error: bool) -> Self {
         tracing::error!(%error, "compaction failed; forwarding the original request");
         Self { store_error, error: Some(error), ..Self::original(Outcome::FailedOpen) }
+    }
+
+    /// `request` folded whole (`fold`) for one of the providers' compaction APIs.
+    pub fn folded_whole(request: &ChatRequest, fold: &WholeFold) -> Self {
+        let folded = Arc::new(fold.request(request));
+        let rewritten = Rewritten { body: Bytes::from(folded.to_vec()), request: folded };
+        Self {
+            rewritten: Some(rewritten),
+            report: Some(fold.report.clone()),
+            ..Self::original(Outcome::Compacted)
+        }
     }
 
     /// The original bytes forwarded with `outcome`, nothing else known.

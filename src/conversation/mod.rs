@@ -31,9 +31,9 @@ pub use self::decision::{Decision, Rewritten};
 pub use self::summarizers::Summarizers;
 use self::transaction::log_store_error;
 use crate::compaction::engine::Ahead;
-use crate::compaction::{Engine, Options, Report, SessionState, TokenRatio};
+use crate::compaction::{Engine, FoldWhen, Options, Report, SessionState, TokenRatio, WholeFold};
 use crate::config::CompactionMode;
-use crate::learned::Learned;
+use crate::learned::{Learned, ProviderApi, unserved_name};
 use crate::metrics::Metrics;
 use crate::model::ChatRequest;
 use crate::session::{SessionKey, SessionLocks, SessionStore, StoredState};
@@ -313,7 +313,8 @@ impl Conversations {
         learned
     }
 
-    /// Reads the windows other processes learned, when the store is shared.
+    /// Reads the windows and unserved APIs other processes learned, when the store is
+    /// shared.
     pub async fn refresh_windows(&self) {
         if !self.inner.store.is_shared() {
             return;
@@ -326,6 +327,64 @@ impl Conversations {
                 }
             }
             Err(e) => tracing::debug!(error = %e, "learned windows not read"),
+        }
+        match self.inner.store.load_unserved().await {
+            Ok(names) => names.iter().for_each(|name| {
+                self.inner.learned.unserved.learn(name);
+            }),
+            Err(e) => tracing::debug!(error = %e, "unserved APIs not read"),
+        }
+    }
+
+    /// True when `upstream` was found not to serve `api` (here, or by a replica).
+    pub fn unserved(&self, api: ProviderApi, upstream: &str) -> bool {
+        self.inner.learned.unserved.contains(&unserved_name(api, upstream))
+    }
+
+    /// Remembers that `upstream` does not serve `api`, and shares it through a shared
+    /// store.
+    pub async fn learn_unserved(&self, api: ProviderApi, upstream: &str) {
+        let name = unserved_name(api, upstream);
+        if !self.inner.learned.unserved.learn(&name) || !self.inner.store.is_shared() {
+            return;
+        }
+        tracing::info!(
+            api = api.as_str(),
+            upstream,
+            "upstream does not serve the API: foldgate serves it"
+        );
+        if let Err(e) = self.inner.store.save_unserved(&name).await {
+            tracing::debug!(error = %e, "unserved API not shared");
+        }
+    }
+
+    /// Folds the whole of `request` into one digest for one of the providers' own
+    /// compaction APIs, when it is as large as `when` says, with the summarizer `caller`
+    /// may use, on the compaction runtime when there is one. `Ok(None)`: not folded
+    /// (smaller, or nothing to fold).
+    pub async fn fold_whole(
+        &self,
+        request: &Arc<ChatRequest>,
+        caller: &Caller,
+        options: &Options,
+        when: FoldWhen,
+    ) -> Result<Option<WholeFold>, String> {
+        let model = request.model().unwrap_or_default();
+        let summarizer = self.inner.summarizers.choose(caller, &model, self.inner.metrics.as_ref());
+        let this = self.clone();
+        let (request, options) = (request.clone(), options.clone());
+        let work = async move {
+            let engine = this.engine();
+            engine
+                .fold_whole(&request, summarizer.as_ref(), &options, when)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match &self.inner.runtime {
+            Some(runtime) => {
+                runtime.spawn(work).await.map_err(|e| format!("fold task ended: {e}"))?
+            }
+            None => Box::pin(work).await,
         }
     }
 

@@ -7,7 +7,8 @@ use serde_json::json;
 use super::*;
 use crate::config::CompactionConfig;
 use crate::session::{
-    Lease, LeaseStore, Loaded, MemoryStore, RecordStore, Saved, StateStore, StoreError, WindowStore,
+    LearnedStore, Lease, LeaseStore, Loaded, MemoryStore, RecordStore, Saved, StateStore,
+    StoreError,
 };
 use crate::summarizer::{SummarizerError, SummaryInput};
 
@@ -104,7 +105,7 @@ async fn a_failing_store_still_compacts_and_is_reported() {
 
 impl LeaseStore for Broken {}
 
-impl WindowStore for Broken {}
+impl LearnedStore for Broken {}
 
 impl RecordStore for Broken {}
 
@@ -172,7 +173,7 @@ impl LeaseStore for SharedMemory {
 #[derive(Default)]
 struct Counting(std::sync::atomic::AtomicUsize);
 
-impl WindowStore for SharedMemory {}
+impl LearnedStore for SharedMemory {}
 
 impl RecordStore for SharedMemory {}
 

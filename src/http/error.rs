@@ -40,6 +40,13 @@ pub enum ProxyError {
     /// The session store could not answer the session inspector.
     #[error("session store unavailable: {0}")]
     StoreUnavailable(String),
+    /// A request foldgate answers itself (one of the providers' compaction APIs) is not
+    /// one it can serve; the message says what to change.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// foldgate failed to answer a request it serves itself.
+    #[error("foldgate could not serve the request: {0}")]
+    Internal(String),
 }
 
 impl ProxyError {
@@ -70,6 +77,12 @@ impl ProxyError {
             }
             Self::StoreUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "server_error", "session_store_unavailable")
+            }
+            Self::InvalidRequest(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request")
+            }
+            Self::Internal(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error")
             }
         }
     }

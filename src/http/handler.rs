@@ -14,13 +14,15 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, ReadError, full, read_limited};
-use super::dialect::Dialect;
+use super::dialect::{Dialect, Prepared};
 use super::error::ProxyError;
 use super::overflow;
 use super::passthrough::{self, build_request, client_response, declared_length};
+use super::provider::{answer, served};
 use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped_with as tapped;
+use crate::config::ServedBy;
 use crate::metrics::Metrics;
 use crate::summarizer::llm::SUMMARY_HEADER;
 use crate::vocab::Outcome;
@@ -50,29 +52,93 @@ pub async fn handle<D: Dialect>(
         ReadError::Body(message) => ProxyError::ClientBody(message),
     })?;
     let started = Instant::now();
-    let turn = turns.begin(dialect, upstream.name(), &parts.headers, &original, metrics).await;
-    let Some(mut turn) = turn else {
-        // A body foldgate does not understand goes as it is; the upstream answers.
-        record_untaken(metrics, dialect.route(), Outcome::NotChat);
-        let response = send(dialect, upstream, metrics, started, &parts, original).await?;
-        return Ok(tapped(client_response(response), metrics, None, None));
-    };
-    let response = send(dialect, upstream, metrics, started, &parts, turn.body()).await?;
-    let response = tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage());
-    // No byte has reached the client yet: an overflow can be retried once, deeper
-    // compacted; the client then gets only the retry's answer.
-    let first = overflow::read(dialect, response, turn.retryable()).await;
-    let retry = match &first.error {
-        Some(error) => turn.retry_after(error).await,
-        None => None,
-    };
-    let Some(retry) = retry else {
-        return Ok(turn.finish(first.response));
-    };
-    drop(first);
-    let response = send(dialect, upstream, metrics, retry.started, &parts, retry.body).await?;
-    let response = client_response(response);
-    Ok(turn.finish(tapped(response, metrics, Some(turn.model()), turn.on_usage())))
+    let api = dialect.provider_api();
+    let provider = &turns.provider;
+    let conversations = &turns.conversations;
+    let serves = |api| provider.foldgate_serves(api, conversations, upstream.name());
+    let mut serve = api.is_some_and(serves);
+    loop {
+        let prepared =
+            dialect.prepare(&original, provider, serve).map_err(ProxyError::InvalidRequest)?;
+        // In `auto`, an upstream that rejects the provider compaction fields is asked once.
+        let auto = api.filter(|&api| provider.served_by(api) == ServedBy::Auto);
+        let may_reject = prepared.left_for_upstream && auto.is_some();
+        let exchange = Exchange { dialect, upstream, turns, metrics, parts: &parts, started };
+        match exchange.run(prepared, may_reject).await? {
+            Attempt::Answered(response) => return Ok(response),
+            Attempt::Rejected => {
+                if let Some(api) = auto {
+                    conversations.learn_unserved(api, upstream.name()).await;
+                }
+                serve = true;
+            }
+        }
+    }
+}
+
+/// One request's exchange with the upstream.
+struct Exchange<'a, D> {
+    dialect: &'a D,
+    upstream: &'a Upstream,
+    turns: &'a Turns,
+    metrics: &'a Arc<Metrics>,
+    parts: &'a http::request::Parts,
+    started: Instant,
+}
+
+/// How an exchange ended.
+enum Attempt {
+    /// With the answer for the client.
+    Answered(Response<ProxyBody>),
+    /// The upstream rejected the provider compaction fields left for it: foldgate is to
+    /// serve them and send again.
+    Rejected,
+}
+
+impl<D: Dialect> Exchange<'_, D> {
+    /// Decides what to send for `prepared`, sends it, and retries once after an overflow.
+    async fn run(&self, prepared: Prepared, may_reject: bool) -> Result<Attempt, ProxyError> {
+        let Self { dialect, upstream, turns, metrics, parts, started } = *self;
+        let turn = turns.begin(dialect, upstream.name(), &parts.headers, &prepared.body, metrics);
+        let Some(mut turn) = turn.await else {
+            // A body foldgate does not understand goes as it is; the upstream answers.
+            record_untaken(metrics, dialect.route(), Outcome::NotChat);
+            let response = send(dialect, upstream, metrics, started, parts, prepared.body).await?;
+            return Ok(Attempt::Answered(tapped(client_response(response), metrics, None, None)));
+        };
+        let addition = match &prepared.served {
+            Some(served) => served::serve(&mut turn, served, &turns.provider, metrics).await,
+            None => None,
+        };
+        let response = send(dialect, upstream, metrics, started, parts, turn.body()).await?;
+        let response =
+            tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage());
+        // No byte has reached the client yet: an overflow can be retried once, deeper
+        // compacted; the client then gets only the retry's answer.
+        let first = overflow::read(dialect, response, turn.retryable()).await;
+        let error = first.error.as_deref();
+        if may_reject && error.is_some_and(|e| dialect.rejects_provider_compaction(e)) {
+            return Ok(Attempt::Rejected);
+        }
+        let retry = match error {
+            Some(error) => turn.retry_after(error).await,
+            None => None,
+        };
+        let response = match retry {
+            None => first.response,
+            Some(retry) => {
+                drop(first);
+                let body = retry.body;
+                let response = send(dialect, upstream, metrics, retry.started, parts, body).await?;
+                tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage())
+            }
+        };
+        let response = turn.finish(response);
+        Ok(Attempt::Answered(match addition {
+            Some(addition) => answer::rewrite(response, |kind| addition.rewrite(kind)),
+            None => response,
+        }))
+    }
 }
 
 /// Sends `body` upstream with the client's method, path and headers; `started` is when

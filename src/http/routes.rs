@@ -128,6 +128,18 @@ async fn dispatch(
         (&Method::POST, "/v1/responses") => {
             compacted(state, &Responses, &state.upstream, request, progress).await
         }
+        (&Method::POST, "/v1/responses/compact") => (
+            Route::Responses,
+            super::provider::compact::handle(
+                &state.turns,
+                &state.upstream,
+                state.max_body,
+                &state.metrics,
+                request,
+                progress.clone(),
+            )
+            .await,
+        ),
         (&Method::POST, "/v1/messages") => {
             compacted(state, &Messages, &state.anthropic, request, progress).await
         }

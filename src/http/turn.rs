@@ -15,8 +15,9 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use super::body::ProxyBody;
 use super::dialect::Dialect;
 use super::inspect::Inspector;
+use super::served_by::ProviderApis;
 use super::usage_tap::OnUsage;
-use crate::compaction::{Options, Report};
+use crate::compaction::{FoldWhen, Options, Report, WholeFold};
 use crate::conversation::{Caller, Conversations, Decision, Overflow};
 use crate::learned::model_key;
 use crate::metrics::{Metrics, OverflowRetry, Route, WindowEvent, model_label};
@@ -37,6 +38,8 @@ pub struct Turns {
     pub enabled: bool,
     /// The session inspector, when on (`admin.listen`): every request is recorded.
     pub inspector: Option<Arc<Inspector>>,
+    /// Who serves the providers' own compaction APIs.
+    pub provider: Arc<ProviderApis>,
 }
 
 /// One request of a conversation, from its decision to its recorded outcome.
@@ -158,7 +161,7 @@ impl Turns {
 }
 
 /// Who sent the request, as the conversation stage needs it.
-fn caller<D: Dialect>(dialect: &D, headers: &HeaderMap) -> Caller {
+pub fn caller<D: Dialect>(dialect: &D, headers: &HeaderMap) -> Caller {
     Caller {
         credential: Credential::from_headers(headers),
         summary_api: dialect.summary_api(headers),
@@ -247,6 +250,39 @@ impl<D: Dialect> Turn<'_, D> {
         self.overflow = Some(OverflowRetry::Retried);
         self.decision = retry;
         Some(Retry { body, started })
+    }
+
+    /// Folds the whole request for a provider compaction foldgate serves, when it is as
+    /// large as `when` says: what is forwarded becomes the kept messages and the digest.
+    /// `None` when it was not folded (smaller, nothing to fold, the provider keeps the
+    /// conversation, or the fold failed: the request goes on as decided).
+    pub async fn fold_whole(&mut self, when: FoldWhen) -> Option<WholeFold> {
+        if self.parsed.is_none() {
+            self.parsed = Some(parse(self.dialect, self.original)?);
+        }
+        let (request, origins) = self.parsed.as_ref()?;
+        if self.dialect.server_state(origins) {
+            return None;
+        }
+        let options = Options {
+            window_cap: self.learned,
+            token_ratio: self.turns.token_ratio(self.dialect, &self.model_name),
+            ..Options::default()
+        };
+        let caller = caller(self.dialect, self.headers);
+        let conversations = &self.turns.conversations;
+        match conversations.fold_whole(request, &caller, &options, when).await {
+            Ok(Some(fold)) => {
+                self.decision = Decision::folded_whole(request, &fold);
+                log_decision(&self.decision, false);
+                Some(fold)
+            }
+            Ok(None) => None,
+            Err(error) => {
+                tracing::warn!(%error, "provider compaction failed; the request goes on as decided");
+                None
+            }
+        }
     }
 
     /// True when the forwarded body is a retry after an overflow error.

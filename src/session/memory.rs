@@ -2,7 +2,7 @@
 //! (least recently used evicted first). Inspection records (see [`super::record`]) live
 //! in a second map under the same bounds.
 
-use super::{LeaseStore, RecordStore, StateStore, WindowStore};
+use super::{LearnedStore, LeaseStore, RecordStore, StateStore};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -201,7 +201,7 @@ impl<S: Clone + Send + Sync + 'static> RecordStore for MemoryStore<S> {
 
 impl<S: Send + Sync> LeaseStore for MemoryStore<S> {}
 
-impl<S: Send + Sync> WindowStore for MemoryStore<S> {}
+impl<S: Send + Sync> LearnedStore for MemoryStore<S> {}
 
 #[cfg(test)]
 mod tests {

@@ -140,10 +140,12 @@ pub trait LeaseStore: Send + Sync {
     }
 }
 
-/// Context windows learned from providers, shared between the processes of a store.
-/// A store used by one process has none to share: the defaults keep nothing.
+/// What is learned from providers, shared between the processes of a store: context
+/// windows stated by overflow errors, and the APIs an upstream does not serve (which
+/// foldgate then serves itself). A store used by one process has none to share: the
+/// defaults keep nothing.
 #[async_trait]
-pub trait WindowStore: Send + Sync {
+pub trait LearnedStore: Send + Sync {
     /// Context windows learned from providers, by model key, that other processes
     /// shared through this store. A store used by one process has none to share.
     async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
@@ -152,6 +154,17 @@ pub trait WindowStore: Send + Sync {
 
     /// Shares a learned context window with the other processes of this store.
     async fn save_window(&self, _model: &str, _tokens: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The APIs other processes found an upstream does not serve, as
+    /// `<api>|<upstream>` names.
+    async fn load_unserved(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Shares that an upstream does not serve an API (`<api>|<upstream>`).
+    async fn save_unserved(&self, _name: &str) -> Result<(), StoreError> {
         Ok(())
     }
 }
@@ -183,10 +196,10 @@ pub trait RecordStore: Send + Sync {
 }
 
 /// Where conversation state lives between requests: a store of each concern (state,
-/// leases, learned windows, inspection records). Every type with all four is one.
-pub trait SessionStore<S>: StateStore<S> + LeaseStore + WindowStore + RecordStore {}
+/// leases, what is learned from providers, inspection records). Every type with all four is one.
+pub trait SessionStore<S>: StateStore<S> + LeaseStore + LearnedStore + RecordStore {}
 
 impl<S, T> SessionStore<S> for T where
-    T: StateStore<S> + LeaseStore + WindowStore + RecordStore + ?Sized
+    T: StateStore<S> + LeaseStore + LearnedStore + RecordStore + ?Sized
 {
 }

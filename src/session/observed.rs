@@ -1,7 +1,7 @@
 //! A store whose every operation is timed and reported, so that the metrics see each
 //! load, save and lease of whichever backend is configured.
 
-use super::{LeaseStore, RecordStore, StateStore, WindowStore};
+use super::{LearnedStore, LeaseStore, RecordStore, StateStore};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,13 +92,21 @@ impl<S: Send + Sync + 'static> LeaseStore for Observed<S> {
 }
 
 #[async_trait]
-impl<S: Send + Sync + 'static> WindowStore for Observed<S> {
+impl<S: Send + Sync + 'static> LearnedStore for Observed<S> {
     async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.inner.load_windows().await
     }
 
     async fn save_window(&self, model: &str, tokens: u64) -> Result<(), StoreError> {
         self.inner.save_window(model, tokens).await
+    }
+
+    async fn load_unserved(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.load_unserved().await
+    }
+
+    async fn save_unserved(&self, name: &str) -> Result<(), StoreError> {
+        self.inner.save_unserved(name).await
     }
 }
 

@@ -14,6 +14,8 @@
 //! - `<p>l:<key>`: the summarization lease, a random token that expires by itself.
 //! - `<p>windows`: context windows learned from providers' overflow errors, a hash of
 //!   model key → tokens (a few entries; expires a week after the last one learned).
+//! - `<p>unserved`: the APIs an upstream answered it does not serve, a set of
+//!   `<api>|<upstream>` (a few entries; expires a week after the last one learned).
 //! - Inspection records (see [`super::record`]), written only when the inspector is on:
 //!   `<p>m:<key>` the summary (a hash of counters), `<p>r:<key>` and `<p>f:<key>` the
 //!   last requests and folds (lists of JSON, trimmed to the history), and `<p>t:<tenant>`
@@ -33,7 +35,7 @@
 //! the first answered ping ends the outage. So an outage costs only the requests that
 //! find it one timeout each, and sharing resumes by itself once Redis is back.
 
-use super::{LeaseStore, RecordStore, StateStore, WindowStore};
+use super::{LearnedStore, LeaseStore, RecordStore, StateStore};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -389,7 +391,7 @@ impl<S: StoredState + Send + Sync + 'static> LeaseStore for RedisStore<S> {
 }
 
 #[async_trait]
-impl<S: StoredState + Send + Sync + 'static> WindowStore for RedisStore<S> {
+impl<S: StoredState + Send + Sync + 'static> LearnedStore for RedisStore<S> {
     async fn load_windows(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let mut conn = self.conn.clone();
         let mut cmd = ::redis::cmd("HGETALL");
@@ -403,6 +405,22 @@ impl<S: StoredState + Send + Sync + 'static> WindowStore for RedisStore<S> {
         let mut conn = self.conn.clone();
         let mut pipe = ::redis::pipe();
         pipe.cmd("HSET").arg(&key).arg(model).arg(tokens).ignore();
+        pipe.cmd("PEXPIRE").arg(&key).arg(WINDOWS_TTL_MS).ignore();
+        self.run(pipe.query_async::<()>(&mut conn)).await
+    }
+
+    async fn load_unserved(&self) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = ::redis::cmd("SMEMBERS");
+        cmd.arg(format!("{}unserved", self.prefix));
+        self.run(cmd.query_async(&mut conn)).await
+    }
+
+    async fn save_unserved(&self, name: &str) -> Result<(), StoreError> {
+        let key = format!("{}unserved", self.prefix);
+        let mut conn = self.conn.clone();
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("SADD").arg(&key).arg(name).ignore();
         pipe.cmd("PEXPIRE").arg(&key).arg(WINDOWS_TTL_MS).ignore();
         self.run(pipe.query_async::<()>(&mut conn)).await
     }

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub mod agent;
 pub mod redis_server;
+pub mod responses_api;
 pub mod sessions;
 pub mod tools;
 

@@ -16,7 +16,9 @@ pub mod responses;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
+use super::served_by::ProviderApis;
 use super::sse::Event;
+use crate::api::compaction_item::ContextCompaction;
 use crate::compaction::engine::Bound;
 use crate::compaction::tokens::REPLY_PRIMING;
 use crate::compaction::tokens::count::IMAGE_UNKNOWN;
@@ -26,6 +28,7 @@ use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
+use crate::vocab::ProviderApi;
 
 pub use chat::ChatCompletions;
 pub use messages::Messages;
@@ -65,6 +68,34 @@ pub enum StreamEvent {
     Other,
 }
 
+/// A body as the turn reads it, once the providers' compaction APIs that foldgate serves
+/// have taken their part (see [`Dialect::prepare`]).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The body to go on with: as received, or with foldgate's compaction items opened
+    /// and the fields foldgate honours taken out.
+    pub body: Bytes,
+    /// The provider compaction this request asks of foldgate.
+    pub served: Option<Served>,
+    /// The body asks for a provider compaction that is left to the upstream (it serves
+    /// it, or `auto` has not found that it does not).
+    pub left_for_upstream: bool,
+}
+
+impl Prepared {
+    /// `body` as it is.
+    pub fn unchanged(body: &Bytes) -> Self {
+        Self { body: body.clone(), served: None, left_for_upstream: false }
+    }
+}
+
+/// A provider compaction foldgate serves on one request.
+#[derive(Debug, Clone)]
+pub enum Served {
+    /// Responses `context_management` compaction.
+    ResponsesCompaction(ContextCompaction),
+}
+
 /// One API shape, as the conversation service and the handler need it.
 pub trait Dialect: Send + Sync + 'static {
     /// What a scan that does not parse reads of a body (fields, message extents).
@@ -77,6 +108,30 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// The route label of this shape's requests.
     fn route(&self) -> Route;
+
+    /// The provider compaction API requests of this shape may ask for, if any.
+    fn provider_api(&self) -> Option<ProviderApi> {
+        None
+    }
+
+    /// `body` once foldgate's own compaction items in it are opened and, when foldgate
+    /// serves the shape's provider compaction (`serve`), the fields asking for it are
+    /// taken out; an error (the request is answered with a 400) says what is wrong.
+    fn prepare(
+        &self,
+        body: &Bytes,
+        provider: &ProviderApis,
+        serve: bool,
+    ) -> Result<Prepared, String> {
+        let _ = (provider, serve);
+        Ok(Prepared::unchanged(body))
+    }
+
+    /// True when an upstream's error answer says it does not know the provider
+    /// compaction fields the request carried.
+    fn rejects_provider_compaction(&self, error_body: &[u8]) -> bool {
+        super::served_by::rejects_field(error_body, "context_management")
+    }
 
     /// The outline of `body`; `None` when the scan cannot follow it (it is parsed then).
     fn outline<'a>(&self, body: &'a [u8]) -> Option<Self::Outline<'a>>;

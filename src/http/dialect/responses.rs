@@ -30,10 +30,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::chat::is_context_overflow;
-use super::{Dialect, StreamEvent, byte_bound};
+use super::{Dialect, Prepared, Served, StreamEvent, byte_bound};
+use crate::api::compaction_item::{open_items, take_context_management};
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
+use crate::http::served_by::ProviderApis;
 use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
 use crate::http::sse::Event;
 use crate::metrics::Route;
@@ -41,6 +43,7 @@ use crate::model::ChatRequest;
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
+use crate::vocab::ProviderApi;
 
 /// OpenAI's Responses API.
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,6 +62,37 @@ impl Dialect for Responses {
 
     fn route(&self) -> Route {
         Route::Responses
+    }
+
+    fn provider_api(&self) -> Option<ProviderApi> {
+        Some(ProviderApi::ResponsesContextManagement)
+    }
+
+    /// Opens foldgate's compaction items (a tampered or foreign one is an error); when
+    /// foldgate serves `context_management`, takes it out of the body.
+    fn prepare(
+        &self,
+        body: &Bytes,
+        provider: &ProviderApis,
+        serve: bool,
+    ) -> Result<Prepared, String> {
+        let opened = open_items(body, &provider.sealer).map_err(|e| e.to_string())?;
+        let body = opened.map_or_else(|| body.clone(), Bytes::from);
+        let asked = memchr::memmem::find(&body, b"\"context_management\"").is_some();
+        if !asked {
+            return Ok(Prepared::unchanged(&body));
+        }
+        if !serve {
+            return Ok(Prepared { left_for_upstream: true, ..Prepared::unchanged(&body) });
+        }
+        match take_context_management(&body)? {
+            Some((stripped, compaction)) => Ok(Prepared {
+                body: Bytes::from(stripped),
+                served: Some(Served::ResponsesCompaction(compaction)),
+                left_for_upstream: false,
+            }),
+            None => Ok(Prepared::unchanged(&body)),
+        }
     }
 
     /// `None` for a request without `input` or relying on state the provider keeps: it is

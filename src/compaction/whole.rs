@@ -1,0 +1,150 @@
+//! A fold of a whole conversation, as the providers' own compaction APIs ask for it
+//! (OpenAI's `responses/compact`, `context_management` compaction, Anthropic's
+//! `compact_20260112` edit): every message goes into one digest, written by the same
+//! summarizer, with the same work trail, as any fold, except those a fold keeps verbatim
+//! (pinned messages, the task statement, small user messages, the last user message).
+
+use std::sync::Arc;
+
+use super::CompactionError;
+use super::budget::{Budget, Options};
+use super::engine::Engine;
+use super::fold::{FoldRules, Region, fold_after};
+use super::keep::Keep;
+use super::plan::Forwarded;
+use super::report::{Report, Tier};
+use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
+use crate::model::{ChatRequest, Message, ModelError};
+use crate::summarizer::{DigestKind, Summarizer};
+
+/// A whole conversation folded.
+#[derive(Debug, Clone)]
+pub struct WholeFold {
+    /// The original messages kept verbatim, by index, in order.
+    pub kept: Vec<usize>,
+    /// The digest message's text, [`crate::model::DIGEST_MARKER`] first.
+    pub digest: String,
+    /// The digest as a neutral message (an assistant message of that text).
+    pub message: Arc<Message>,
+    /// Prompt tokens of the request as received.
+    pub tokens_before: usize,
+    /// Prompt tokens of the kept messages and the digest.
+    pub tokens_after: usize,
+    /// Tokens of the digest message.
+    pub digest_tokens: usize,
+    /// Messages folded into the digest.
+    pub folded: usize,
+    /// What wrote the digest (`llm`, `extractive`).
+    pub summarizer: String,
+    /// The summarizer's error when the extractive digest stands in.
+    pub error: Option<String>,
+    /// The report of the fold, as of any compacted request.
+    pub report: Report,
+}
+
+/// When a whole conversation is folded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoldWhen {
+    /// Whatever its size (a compact request).
+    Always,
+    /// When its prompt reaches this many tokens, as the provider counts them.
+    AtTokens(usize),
+    /// When its prompt reaches foldgate's own trigger.
+    AtTrigger,
+}
+
+impl WholeFold {
+    /// `request` as folded: the kept messages, then the digest.
+    pub fn request(&self, request: &ChatRequest) -> ChatRequest {
+        let msgs = request.messages();
+        let mut messages: Vec<Arc<Message>> =
+            self.kept.iter().filter_map(|&i| msgs.get(i).cloned()).collect();
+        messages.push(self.message.clone());
+        request.with_messages(messages)
+    }
+}
+
+impl Engine {
+    /// Folds every message of `request` that a fold does not keep verbatim into one
+    /// digest, when its prompt is as large as `when` says. `Ok(None)` when it is not, when
+    /// there is nothing to fold (every message is kept), or when the summarizer deferred.
+    pub async fn fold_whole(
+        &self,
+        request: &ChatRequest,
+        summarizer: &dyn Summarizer,
+        opts: &Options,
+        when: FoldWhen,
+    ) -> Result<Option<WholeFold>, CompactionError> {
+        let cfg = self.config();
+        let budget = Budget::of(request, cfg, opts);
+        let mut cache = TokenCache::default();
+        let mut counter = Counter { encoding: budget.encoding, cache: &mut cache };
+        let msgs = request.messages();
+        let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
+        let fixed = counter.tools(request.tools_raw()) + REPLY_PRIMING;
+        let tokens_before = fixed + tokens.iter().sum::<usize>();
+        let provider_tokens = (tokens_before as f64 * budget.token_ratio) as usize;
+        let due = match when {
+            FoldWhen::Always => true,
+            FoldWhen::AtTokens(threshold) => provider_tokens >= threshold,
+            FoldWhen::AtTrigger => tokens_before >= budget.trigger,
+        };
+        if !due {
+            return Ok(None);
+        }
+        let keep = Keep::new(msgs, cfg);
+        let folded = (0..msgs.len()).filter(|&i| !keep.is_verbatim(msgs, &tokens, i)).count();
+        if folded == 0 {
+            return Ok(None);
+        }
+        let forwarded = Forwarded::default();
+        let region = Region {
+            msgs,
+            tokens: &tokens,
+            start: 0,
+            end: msgs.len(),
+            tools: request.tools_raw(),
+            forwarded: &forwarded,
+        };
+        let rules = FoldRules {
+            max_tokens: cfg.digest_max_tokens,
+            trail_tokens: cfg.trail_max_tokens,
+            keep,
+            kind: DigestKind::Fold,
+            goal_keeps: None,
+        };
+        let Some(done) = fold_after(&[], false, region, summarizer, rules).await? else {
+            return Ok(None);
+        };
+        let block = done.block;
+        let digest_raw = block.messages.last().ok_or(ModelError::NoMessages)?.clone();
+        let digest_message = Arc::new(Message::from_raw(digest_raw)?);
+        let digest_tokens = counter.message(&digest_message);
+        let kept_tokens: usize = block.verbatim.iter().map(|&i| tokens[i]).sum();
+        let tokens_after = fixed + kept_tokens + digest_tokens;
+        let mut report = Report::new(budget, true, msgs.len(), 0, 0);
+        report.tokens_before = tokens_before;
+        report.tokens_after = tokens_after;
+        report.fits = tokens_after <= report.budget.budget;
+        report.tier = Tier::Fold;
+        report.kept = block.verbatim.len();
+        report.folded = folded;
+        report.messages_after = block.verbatim.len() + 1;
+        report.blocks_new = 1;
+        report.summarizer = Some(block.summarizer.clone());
+        report.summarizer_error = done.error.clone();
+        report.artifact_recall = block.artifact_recall;
+        Ok(Some(WholeFold {
+            report,
+            tokens_before,
+            tokens_after,
+            digest: digest_message.text(),
+            message: digest_message,
+            kept: block.verbatim,
+            digest_tokens,
+            folded,
+            summarizer: block.summarizer,
+            error: done.error,
+        }))
+    }
+}

@@ -1,0 +1,174 @@
+//! `POST /v1/responses/compact`: forwarded to the upstream that serves it, answered by
+//! foldgate for one that does not (`responses.compact`). foldgate's answer has the
+//! documented shape: `object: "response.compaction"`, `output` the messages a fold keeps
+//! verbatim (the user's, as sent) followed by one `compaction` item sealing the digest
+//! of everything else (see [`crate::api::compaction_item`]), and `usage` (input: the
+//! request's prompt tokens; output: the digest's).
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::api::compaction_item::{self, Sealed, open_items};
+use crate::api::{self, ListWriter, Origins};
+use crate::compaction::{FoldWhen, Options, WholeFold};
+use crate::config::ServedBy;
+use crate::http::body::{BodyProgress, ProxyBody, ReadError, full, read_limited};
+use crate::http::dialect::Responses;
+use crate::http::error::ProxyError;
+use crate::http::passthrough::{self, build_request, client_response, declared_length};
+use crate::http::turn::{Turns, caller};
+use crate::http::upstream::Upstream;
+use crate::learned::ProviderApi;
+use crate::metrics::Metrics;
+use crate::model::DIGEST_MARKER;
+
+const API: ProviderApi = ProviderApi::ResponsesCompact;
+
+/// Handles `POST /v1/responses/compact`.
+pub async fn handle(
+    turns: &Turns,
+    upstream: &Upstream,
+    max_body: u64,
+    metrics: &Arc<Metrics>,
+    request: Request<Incoming>,
+    progress: Arc<BodyProgress>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let provider = &turns.provider;
+    let conversations = &turns.conversations;
+    if provider.served_by(API) == ServedBy::Upstream {
+        return passthrough::forward(upstream, max_body, metrics, request, progress).await;
+    }
+    if declared_length(request.headers()).is_some_and(|len| len > max_body) {
+        return Err(ProxyError::BodyTooLarge { limit: max_body });
+    }
+    let (parts, body) = request.into_parts();
+    let body = read_limited(body, max_body, progress).await.map_err(|e| match e {
+        ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        ReadError::Body(message) => ProxyError::ClientBody(message),
+    })?;
+    if !provider.foldgate_serves(API, conversations, upstream.name()) {
+        let mut headers = parts.headers.clone();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let outgoing =
+            build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body.clone()))?;
+        let response = upstream.send(outgoing).await?;
+        if !matches!(response.status(), StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED) {
+            metrics.provider_compaction(API, false);
+            return Ok(client_response(response));
+        }
+        conversations.learn_unserved(API, upstream.name()).await;
+    }
+    let response = serve(turns, &parts.headers, &body).await?;
+    metrics.provider_compaction(API, true);
+    Ok(response)
+}
+
+/// The fields of a compact request foldgate reads.
+#[derive(Deserialize)]
+struct CompactRequest<'a> {
+    #[serde(borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow)]
+    previous_response_id: Option<&'a RawValue>,
+}
+
+/// foldgate's own answer to a compact request.
+async fn serve(
+    turns: &Turns,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let invalid = |m: &str| ProxyError::InvalidRequest(m.to_owned());
+    let top: CompactRequest<'_> = serde_json::from_slice(body)
+        .map_err(|e| ProxyError::InvalidRequest(format!("the body is not a JSON object: {e}")))?;
+    let present = |v: Option<&RawValue>| v.is_some_and(|v| v.get() != "null");
+    if present(top.previous_response_id) {
+        return Err(invalid(
+            "previous_response_id cannot be resolved: this gateway compacts for an upstream without /responses/compact and keeps no responses; send the conversation's items in `input` instead",
+        ));
+    }
+    if !present(top.model) {
+        return Err(invalid("`model` is required"));
+    }
+    if !present(top.input) {
+        return Err(invalid("`input` is required: the conversation's items to compact"));
+    }
+    let provider = &turns.provider;
+    let opened = open_items(body, &provider.sealer)
+        .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+    let body = opened.map_or_else(|| body.clone(), Bytes::from);
+    let (request, origins) = api::responses::parse(&body)
+        .ok_or_else(|| invalid("`input` is not a list of Responses items this gateway can read"))?;
+    let request = Arc::new(request);
+    let caller = caller(&Responses, headers);
+    let fold = turns
+        .conversations
+        .fold_whole(&request, &caller, &Options::default(), FoldWhen::Always)
+        .await
+        .map_err(ProxyError::Internal)?;
+    let answer = answer(&provider.sealer, &body, &origins, fold.as_ref());
+    let mut response = Response::new(full(answer));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert("x-foldgate-served-by", HeaderValue::from_static("foldgate"));
+    Ok(response)
+}
+
+/// The `response.compaction` object for `body` (parsed into `origins`) folded as `fold`
+/// (`None`: nothing to fold, every message kept and an empty digest sealed).
+fn answer(
+    sealer: &compaction_item::Sealer,
+    body: &[u8],
+    origins: &Origins,
+    fold: Option<&WholeFold>,
+) -> Vec<u8> {
+    let kept: Vec<usize> = match fold {
+        Some(fold) => fold.kept.clone(),
+        None => (0..origins.messages.len()).collect(),
+    };
+    let mut output = ListWriter::with_capacity(body.len() / 2);
+    let text_input = body.get(origins.list.start) == Some(&b'"');
+    for origin in kept.iter().filter_map(|&k| origins.messages.get(k)) {
+        for i in origin.items.clone() {
+            let raw = origins.item(body, i);
+            if text_input {
+                let text = String::from_utf8_lossy(raw);
+                let item = format!(r#"{{"type":"message","role":"user","content":{text}}}"#);
+                output.push(item.as_bytes());
+            } else {
+                output.push(raw);
+            }
+        }
+    }
+    let digest = fold.map(|f| f.digest.clone()).unwrap_or_default();
+    debug_assert!(digest.is_empty() || digest.starts_with(DIGEST_MARKER));
+    let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
+    output.push(compaction_item::item(&id, &sealer.seal(&Sealed { digest })).as_bytes());
+    let (input_tokens, output_tokens) = fold.map_or((0, 0), |f| (f.tokens_before, f.digest_tokens));
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let usage = serde_json::json!({
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    });
+    let mut out = format!(
+        r#"{{"id":"resp_{}","object":"response.compaction","created_at":{created},"output":"#,
+        uuid::Uuid::new_v4().simple()
+    )
+    .into_bytes();
+    out.extend_from_slice(&output.finish());
+    out.extend_from_slice(format!(r#","usage":{usage}}}"#).as_bytes());
+    out
+}

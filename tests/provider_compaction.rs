@@ -1,0 +1,273 @@
+//! The providers' own compaction APIs served by foldgate for an upstream without them:
+//! OpenAI's `POST /v1/responses/compact` and `context_management` compaction on
+//! `/v1/responses` (through the official `openai` SDK), and what passes through to an
+//! upstream that has them.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    missing_docs
+)]
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::responses_api::*;
+use common::*;
+use foldgate::api::compaction_item::{SEALED_PREFIX, Sealed, Sealer, item};
+use foldgate::config::{Config, Secret, ServedBy};
+use foldgate::model::DIGEST_MARKER;
+use serde_json::{Value, json};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_compaction_check.py");
+
+/// A 32-byte key in base64, the same for every replica of a test.
+const KEY: &str = "Zm9sZGdhdGUtdGVzdC1rZXktMzItYnl0ZXMtbG9uZyE=";
+
+const UNKNOWN_PARAMETER: &str = r#"{"error":{"message":"Unknown parameter: 'context_management'.","type":"invalid_request_error","param":"context_management","code":"unknown_parameter"}}"#;
+
+/// A Responses provider that knows neither `/responses/compact` (404) nor
+/// `context_management` (400 unknown parameter), as vLLM or Ollama.
+fn bare_provider() -> Handler {
+    let inner = responses_provider();
+    Arc::new(move |rec: Recorded| {
+        if rec.uri.path().ends_with("/responses/compact") {
+            return Box::pin(async { response(404, r#"{"detail":"Not Found"}"#) });
+        }
+        if memchr::memmem::find(&rec.body, b"\"context_management\"").is_some() {
+            return Box::pin(async {
+                let mut r = response(400, UNKNOWN_PARAMETER);
+                r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                r
+            });
+        }
+        inner(rec)
+    })
+}
+
+fn compaction_config(upstream: &str) -> Config {
+    let mut config = config_for(upstream);
+    config.compaction.max_context_tokens = Some(12_000);
+    config.summarizer.kind = foldgate::config::SummarizerKind::Extractive;
+    config.responses.compaction_key = Secret::new(KEY);
+    config
+}
+
+/// The `input` items of a forwarded body.
+fn input_of(body: &[u8]) -> Vec<Value> {
+    json(body)["input"].as_array().cloned().unwrap_or_default()
+}
+
+/// Checks a body forwarded after foldgate opened its compaction item: the upstream
+/// reads the digest as text, never foldgate's sealed content, and every user message
+/// the client sent is there as sent.
+fn assert_opened(forwarded: &[u8], sent_users: &[Value]) {
+    let text = String::from_utf8_lossy(forwarded);
+    assert!(!text.contains(SEALED_PREFIX), "no sealed content reaches the upstream: {text}");
+    let input = input_of(forwarded);
+    let digest = input
+        .iter()
+        .find(|i| i["content"].as_str().is_some_and(|t| t.starts_with(DIGEST_MARKER)))
+        .unwrap_or_else(|| panic!("a digest message the upstream reads: {text}"));
+    assert_eq!(digest["role"], "assistant");
+    for user in sent_users {
+        assert!(input.contains(user), "user message kept as sent: {user}");
+    }
+}
+
+fn run_script(base_url: String, session: &Value) -> Vec<Value> {
+    let dir = std::env::temp_dir().join(format!("foldgate-compaction-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("session-{}.json", rand_suffix()));
+    std::fs::write(&file, serde_json::to_vec(session).unwrap()).unwrap();
+    let output = Command::new("python3").args([SCRIPT, &base_url, file.to_str().unwrap()]).output();
+    let output = output.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+fn check<'a>(lines: &'a [Value], name: &str) -> &'a Value {
+    lines.iter().find(|l| l["check"] == name).unwrap_or_else(|| panic!("no {name} in {lines:?}"))
+}
+
+#[tokio::test]
+async fn the_openai_sdk_compacts_through_foldgate_for_an_upstream_without_the_apis() {
+    if !common::tools::python_module_available("openai") {
+        return;
+    }
+    let mock = MockUpstream::start(bare_provider()).await;
+    let proxy = Proxy::start(compaction_config(&mock.url())).await;
+    // A conversation that never met a provider compaction (no vendor item first).
+    let items = session_items(30)[1..].to_vec();
+    let users: Vec<Value> = items.iter().filter(|i| i["role"] == "user").cloned().collect();
+    let foreign = item("cmp_f", &Sealer::new(&[9; 32]).seal(&Sealed { digest: "x".into() }));
+    let session = json!({"items": items, "threshold": 2000, "foreign": json(foreign.as_bytes())});
+    let base_url = format!("http://{}/v1", proxy.addr);
+    let lines = tokio::task::spawn_blocking(move || run_script(base_url, &session)).await.unwrap();
+
+    // compact: the documented shape, the user messages then one sealed item.
+    let compact = check(&lines, "compact");
+    assert_eq!(compact["object"], "response.compaction");
+    let types = compact["types"].as_array().unwrap();
+    assert_eq!(types.last().unwrap(), "compaction", "{compact}");
+    let roles = &compact["roles"].as_array().unwrap()[..types.len() - 1];
+    assert!(!roles.is_empty() && roles.iter().all(|r| r == "user"), "{compact}");
+    assert!(compact["encrypted"].as_str().unwrap().starts_with(SEALED_PREFIX));
+    assert!(compact["input_tokens"].as_u64().unwrap() > compact["output_tokens"].as_u64().unwrap());
+
+    let forwarded = mock.forwarded();
+    let paths: Vec<&str> = forwarded.iter().map(|r| r.uri.path()).collect();
+    assert!(paths[0].ends_with("/responses/compact"), "auto asks the upstream first: {paths:?}");
+    assert!(
+        !paths[1..].iter().any(|p| p.ends_with("/compact")),
+        "a 404 is remembered for the upstream: {paths:?}"
+    );
+    // The next turn reaches the upstream as text it reads.
+    let after = check(&lines, "after_compact");
+    assert_eq!(after["text"], "ok");
+    assert_opened(&forwarded[1].body, &users);
+
+    // context_management, plain: rejected once by the upstream, then served here.
+    let plain = check(&lines, "cm_plain");
+    assert_eq!(plain["types"][0], "compaction", "{plain}");
+    assert_eq!(plain["text"], "ok");
+    let bodies: Vec<&Bytes> = forwarded[2..].iter().map(|r| &r.body).collect();
+    let rejected = bodies[0];
+    assert!(memchr::memmem::find(rejected, b"context_management").is_some());
+    let served = bodies[1];
+    assert!(memchr::memmem::find(served, b"context_management").is_none(), "field taken out");
+    let input = input_of(served);
+    assert!(input.last().unwrap()["content"].as_str().unwrap().starts_with(DIGEST_MARKER));
+    for user in &users {
+        assert!(input.contains(user), "user message kept: {user}");
+    }
+    // The next turn carries the item back: opened, what it stands for dropped.
+    let next = check(&lines, "cm_next");
+    assert!(next["types"].as_array().unwrap().contains(&json!("message")), "{next}");
+    assert_opened(bodies[2], &users);
+    let opened = input_of(bodies[2]);
+    assert!(
+        !opened.iter().any(|i| i["type"] == "function_call_output"),
+        "the calls the digest stands for are not sent again"
+    );
+
+    // Streamed: the item added first, indices and sequence numbers shifted after it.
+    let stream = check(&lines, "cm_stream");
+    let events = stream["events"].as_array().unwrap();
+    let added: Vec<&Value> =
+        events.iter().filter(|e| e["type"] == "response.output_item.added").collect();
+    assert_eq!(added[0]["item_type"], "compaction");
+    assert_eq!(added[0]["output_index"], 0);
+    let numbers: Vec<u64> = events.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "sequence numbers in order: {numbers:?}");
+    assert_eq!(stream["final_types"][0], "compaction");
+    assert_eq!(stream["text"], "ok");
+
+    // Items foldgate cannot open: a clear 400 each, never forwarded.
+    for name in ["tampered", "truncated", "foreign"] {
+        let line = check(&lines, name);
+        assert_eq!(line["status"], 400, "{line}");
+        assert!(line["message"].as_str().unwrap().contains("compaction item"), "{line}");
+    }
+    // compact (404), the next turn, context_management rejected then served, its next
+    // turn, the stream: nothing else reached the upstream.
+    assert_eq!(forwarded.len(), 6, "{paths:?}");
+}
+
+/// A Responses provider that serves both APIs itself.
+fn native_provider() -> Handler {
+    let inner = responses_provider();
+    Arc::new(move |rec: Recorded| {
+        if rec.uri.path().ends_with("/responses/compact") {
+            return Box::pin(async {
+                let mut r = response(200, NATIVE_COMPACTED);
+                r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                r.headers_mut().insert("x-request-id", "req_native".parse().unwrap());
+                r
+            });
+        }
+        inner(rec)
+    })
+}
+
+const NATIVE_COMPACTED: &str = r#"{"id":"resp_n","object":"response.compaction","created_at":1,"output":[{"id":"msg_1","type":"message","status":"completed","content":[{"type":"input_text","text":"fix it"}],"role":"user"},{"id":"cmp_n","type":"compaction","encrypted_content":"gAAAAABvendor"}],"usage":{"input_tokens":9,"output_tokens":3,"total_tokens":12}}"#;
+
+#[tokio::test]
+async fn an_upstream_with_the_apis_gets_requests_and_answers_pass_byte_for_byte() {
+    let mock = MockUpstream::start(native_provider()).await;
+    let proxy = Proxy::start(compaction_config(&mock.url())).await;
+    let compact =
+        Bytes::from_static(br#"{"model":"gpt-4.1","input":[{"role":"user","content":"fix it"}]}"#);
+    let (status, headers, answer) =
+        send(post(&proxy.url("/v1/responses/compact"), compact.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer, NATIVE_COMPACTED.as_bytes());
+    assert_eq!(headers["x-request-id"], "req_native");
+    // The vendor's item and context_management go to the upstream as sent.
+    let items = json!([{"id": "cmp_n", "type": "compaction", "encrypted_content": "gAAAAABvendor"},
+        {"role": "user", "content": "next"}]);
+    let body = json!({"model": "gpt-4.1", "input": items,
+        "context_management": [{"type": "compaction", "compact_threshold": 1000}]});
+    let body = Bytes::from(body.to_string());
+    let (status, _, _) = send(post(&proxy.url("/v1/responses"), body.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(mock.forwarded_bodies(), vec![compact, body]);
+}
+
+#[tokio::test]
+async fn foldgate_serves_compact_without_asking_when_configured() {
+    let mock = MockUpstream::start(native_provider()).await;
+    let mut config = compaction_config(&mock.url());
+    config.responses.compact = ServedBy::Foldgate;
+    let proxy = Proxy::start(config).await;
+    let items = Value::Array(session_items(6));
+    let body = json!({"model": "gpt-4.1", "input": items, "instructions": "Be careful."});
+    let (status, _, answer) =
+        send(post(&proxy.url("/v1/responses/compact"), body.to_string())).await;
+    assert_eq!(status, 200);
+    let answer = json(&answer);
+    assert_eq!(answer["object"], "response.compaction");
+    assert!(mock.recorded().is_empty(), "the upstream is never asked");
+    // previous_response_id cannot be resolved here: a clear 400.
+    let body = json!({"model": "gpt-4.1", "previous_response_id": "resp_1", "input": []});
+    let (status, _, answer) =
+        send(post(&proxy.url("/v1/responses/compact"), body.to_string())).await;
+    assert_eq!(status, 400);
+    assert!(json(&answer)["error"]["message"].as_str().unwrap().contains("previous_response_id"));
+}
+
+#[tokio::test]
+async fn an_item_sealed_by_one_replica_opens_on_another_sharing_redis() {
+    if !common::redis_server::available() {
+        return;
+    }
+    let redis = common::redis_server::RedisServer::start().unwrap();
+    let mock = MockUpstream::start(bare_provider()).await;
+    let replica = |mock: &MockUpstream| {
+        let mut config = compaction_config(&mock.url());
+        config.session.store = foldgate::config::StoreKind::Redis;
+        config.session.redis_url = foldgate::config::SecretUrl::new(redis.url());
+        config
+    };
+    let (a, b) = (Proxy::start(replica(&mock)).await, Proxy::start(replica(&mock)).await);
+    let items = Value::Array(session_items(20));
+    let body = json!({"model": "gpt-4.1", "input": items});
+    let (status, _, answer) = send(post(&a.url("/v1/responses/compact"), body.to_string())).await;
+    assert_eq!(status, 200);
+    let mut output = json(&answer)["output"].as_array().unwrap().clone();
+    output.push(json!({"role": "user", "content": "next"}));
+    let next = json!({"model": "gpt-4.1", "input": output});
+    let (status, _, _) = send(post(&b.url("/v1/responses"), next.to_string())).await;
+    assert_eq!(status, 200);
+    let users: Vec<Value> = session_items(20).into_iter().filter(|i| i["role"] == "user").collect();
+    assert_opened(mock.forwarded().last().unwrap().body.as_ref(), &users);
+}
