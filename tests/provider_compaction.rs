@@ -80,11 +80,15 @@ fn assert_opened(forwarded: &[u8], sent_users: &[Value]) {
 }
 
 fn run_script(base_url: String, session: &Value) -> Vec<Value> {
+    run_compaction_script(SCRIPT, base_url, session)
+}
+
+fn run_compaction_script(script: &str, base_url: String, session: &Value) -> Vec<Value> {
     let dir = std::env::temp_dir().join(format!("foldgate-compaction-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("session-{}.json", rand_suffix()));
     std::fs::write(&file, serde_json::to_vec(session).unwrap()).unwrap();
-    let output = Command::new("python3").args([SCRIPT, &base_url, file.to_str().unwrap()]).output();
+    let output = Command::new("python3").args([script, &base_url, file.to_str().unwrap()]).output();
     let output = output.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
@@ -270,4 +274,178 @@ async fn an_item_sealed_by_one_replica_opens_on_another_sharing_redis() {
     assert_eq!(status, 200);
     let users: Vec<Value> = session_items(20).into_iter().filter(|i| i["role"] == "user").collect();
     assert_opened(mock.forwarded().last().unwrap().body.as_ref(), &users);
+}
+
+/// An Anthropic-compatible provider without context management: the field, or its beta
+/// header, is rejected as the API rejects what it does not know.
+fn bare_anthropic() -> Handler {
+    let inner = common::messages_api::anthropic_provider();
+    Arc::new(move |rec: Recorded| {
+        let field = memchr::memmem::find(&rec.body, b"\"context_management\"").is_some();
+        let beta = rec.headers.get_all("anthropic-beta").iter().any(|v| {
+            let v = v.to_str().unwrap_or("");
+            v.contains("context-management-2025-06-27") || v.contains("compact-2026-01-12")
+        });
+        if field || beta {
+            let message = if field {
+                "context_management: Extra inputs are not permitted"
+            } else {
+                "Unexpected value(s) `context-management-2025-06-27` for the `anthropic-beta` header"
+            };
+            let body = json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}});
+            return Box::pin(async move {
+                let mut r = response(400, body.to_string());
+                r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                r
+            });
+        }
+        inner(rec)
+    })
+}
+
+/// The text of every `text` and `tool_result` block of a Messages body's messages.
+fn texts(body: &[u8]) -> Vec<String> {
+    let value = json(body);
+    let mut out = Vec::new();
+    for message in value["messages"].as_array().unwrap() {
+        match &message["content"] {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(blocks) => {
+                for b in blocks {
+                    if let Some(t) = b["text"].as_str() {
+                        out.push(t.to_owned());
+                    }
+                    if let Some(t) = b["content"].as_str() {
+                        out.push(t.to_owned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
+    if !common::tools::python_module_available("anthropic") {
+        return;
+    }
+    use common::messages_api::{assert_valid, params};
+    let anthropic = MockUpstream::start(bare_anthropic()).await;
+    let mut config = compaction_config(&anthropic.url());
+    config.upstream.anthropic_url = anthropic.url();
+    // Digests from the Anthropic mock (the client's credential, its API).
+    config.summarizer.kind = foldgate::config::SummarizerKind::Llm;
+    let proxy = Proxy::start(config).await;
+    let params = params(24);
+    let original = serde_json::to_vec(&params).unwrap();
+    let session = json!({"params": params});
+    let base_url = format!("http://{}", proxy.addr);
+    let lines = tokio::task::spawn_blocking(move || {
+        run_compaction_script(ANTHROPIC_SCRIPT, base_url, &session)
+    })
+    .await
+    .unwrap();
+
+    let clear = check(&lines, "clear_tool_uses");
+    let applied = &clear["applied"][0];
+    assert_eq!(applied["type"], "clear_tool_uses_20250919", "{clear}");
+    assert_eq!(applied["cleared_tool_uses"], 22, "all but the last 2: {clear}");
+    assert!(applied["cleared_input_tokens"].as_u64().unwrap() > 5000, "{clear}");
+    let thinking = check(&lines, "clear_thinking");
+    assert_eq!(thinking["applied"][0]["type"], "clear_thinking_20251015", "{thinking}");
+    // Five turns (the task, then a remark every fifth round): all but the last cleared.
+    assert_eq!(thinking["applied"][0]["cleared_thinking_turns"], 4, "{thinking}");
+    for name in ["compact", "compact_stream"] {
+        let line = check(&lines, name);
+        assert_eq!(line["types"][0], "compaction", "{line}");
+        assert_eq!(line["types"][1], "text", "the answer follows: {line}");
+        assert!(!line["summary"].as_str().unwrap().is_empty(), "{line}");
+        let iterations = line["iterations"].as_array().unwrap();
+        assert_eq!(iterations[0]["type"], "compaction", "{line}");
+        assert_eq!(iterations[1]["type"], "message", "{line}");
+    }
+    let paused = check(&lines, "paused");
+    assert_eq!(paused["types"], json!(["compaction"]));
+    assert_eq!(paused["stop_reason"], "compaction");
+    let malformed = check(&lines, "malformed");
+    assert_eq!(malformed["status"], 400, "{malformed}");
+    assert!(malformed["message"].as_str().unwrap().contains("keep"), "{malformed}");
+
+    // What reached the upstream: the first request rejected (auto), then every one
+    // without the field and its beta, a valid Messages request, small user turns as
+    // sent, thinking blocks whole or not at all.
+    let forwarded = anthropic.forwarded();
+    let bodies: Vec<&Bytes> = forwarded.iter().map(|r| &r.body).collect();
+    assert!(memchr::memmem::find(bodies[0], b"context_management").is_some());
+    let sent_text = String::from_utf8_lossy(&original).into_owned();
+    let remarks: Vec<String> =
+        texts(&original).into_iter().filter(|t| t.starts_with("Remark")).collect();
+    assert!(!remarks.is_empty());
+    for (request, body) in forwarded.iter().zip(&bodies).skip(1) {
+        assert!(memchr::memmem::find(body, b"context_management").is_none());
+        let betas = request.headers.get_all("anthropic-beta").iter().count();
+        assert_eq!(betas, 0, "the betas foldgate serves are not sent on");
+        assert_valid(body);
+        let forwarded_texts = texts(body);
+        for remark in &remarks {
+            assert!(forwarded_texts.contains(remark), "small user turn kept: {remark}");
+        }
+        for block in json(body)["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        {
+            if block["type"] == "thinking" {
+                let raw = block.to_string();
+                let signature = block["signature"].as_str().unwrap();
+                assert!(sent_text.contains(signature), "thinking kept whole: {raw}");
+            }
+            assert_ne!(block["type"], "compaction", "no compaction block reaches the upstream");
+        }
+    }
+    // The clearing: old results replaced by the placeholder, the last two intact.
+    let cleared = texts(bodies[1]);
+    let placeholders = cleared.iter().filter(|t| t.contains("cleared to save context")).count();
+    assert_eq!(placeholders, 22);
+    // The next turn carried the compaction block back: its summary reached the upstream
+    // as text, what it summarized did not.
+    let summary = check(&lines, "compact")["summary"].as_str().unwrap().to_owned();
+    let next = bodies
+        .iter()
+        .find(|b| texts(b).iter().any(|t| t.contains(&summary) && t.starts_with(DIGEST_MARKER)))
+        .expect("the summary forwarded as text");
+    let stale: Vec<String> = texts(next)
+        .into_iter()
+        .filter(|t| t.contains("fn item_0_0") && !t.starts_with(DIGEST_MARKER))
+        .collect();
+    assert!(stale.is_empty(), "what it summarized is not sent: {stale:?}");
+    // The paused compaction never reached the upstream: one request fewer than checks.
+    assert_eq!(forwarded.len(), 6, "rejected, 2 clears, compact, stream, next; not paused");
+}
+
+const ANTHROPIC_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_compaction_check.py");
+
+#[tokio::test]
+async fn an_anthropic_upstream_with_context_management_gets_it_byte_for_byte() {
+    let anthropic = MockUpstream::start(common::messages_api::anthropic_provider()).await;
+    let mut config = compaction_config(&anthropic.url());
+    config.upstream.anthropic_url = anthropic.url();
+    let proxy = Proxy::start(config).await;
+    let mut params = common::messages_api::params(4);
+    params["context_management"] = json!({"edits": [{"type": "clear_thinking_20251015"}]});
+    let body = Bytes::from(params.to_string());
+    let request = http::Request::post(proxy.url("/v1/messages"))
+        .header("anthropic-beta", "context-management-2025-06-27")
+        .header("x-api-key", "sk-ant")
+        .body(full(body.clone()))
+        .unwrap();
+    let (status, _, _) = send(request).await;
+    assert_eq!(status, 200);
+    let forwarded = anthropic.forwarded();
+    assert_eq!(forwarded[0].body, body);
+    assert_eq!(forwarded[0].headers["anthropic-beta"], "context-management-2025-06-27");
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
@@ -18,10 +18,12 @@ use super::dialect::{Dialect, Prepared};
 use super::error::ProxyError;
 use super::overflow;
 use super::passthrough::{self, build_request, client_response, declared_length};
-use super::provider::{answer, served};
+use super::provider::answer;
+use super::provider::served::{self, Addition};
 use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::tapped_with as tapped;
+use crate::api::anthropic_edits;
 use crate::config::ServedBy;
 use crate::metrics::Metrics;
 use crate::summarizer::llm::SUMMARY_HEADER;
@@ -99,18 +101,25 @@ impl<D: Dialect> Exchange<'_, D> {
     /// Decides what to send for `prepared`, sends it, and retries once after an overflow.
     async fn run(&self, prepared: Prepared, may_reject: bool) -> Result<Attempt, ProxyError> {
         let Self { dialect, upstream, turns, metrics, parts, started } = *self;
-        let turn = turns.begin(dialect, upstream.name(), &parts.headers, &prepared.body, metrics);
+        let headers = forwarded_headers(&parts.headers, prepared.strip_betas);
+        let out = Outgoing { dialect, upstream, metrics, parts, headers: &headers };
+        // The headers as forwarded: digest calls pass them on, betas foldgate serves off.
+        let turn = turns.begin(dialect, upstream.name(), &headers, &prepared.body, metrics);
         let Some(mut turn) = turn.await else {
             // A body foldgate does not understand goes as it is; the upstream answers.
             record_untaken(metrics, dialect.route(), Outcome::NotChat);
-            let response = send(dialect, upstream, metrics, started, parts, prepared.body).await?;
+            let response = out.send(started, prepared.body).await?;
             return Ok(Attempt::Answered(tapped(client_response(response), metrics, None, None)));
         };
         let addition = match &prepared.served {
             Some(served) => served::serve(&mut turn, served, &turns.provider, metrics).await,
             None => None,
         };
-        let response = send(dialect, upstream, metrics, started, parts, turn.body()).await?;
+        if let Some(Addition::Paused { body, events }) = addition {
+            // Paused after compaction: foldgate's answer, the upstream never asked.
+            return Ok(Attempt::Answered(turn.finish(answer::local(body, events))));
+        }
+        let response = out.send(started, turn.body()).await?;
         let response =
             tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage());
         // No byte has reached the client yet: an overflow can be retried once, deeper
@@ -128,8 +137,7 @@ impl<D: Dialect> Exchange<'_, D> {
             None => first.response,
             Some(retry) => {
                 drop(first);
-                let body = retry.body;
-                let response = send(dialect, upstream, metrics, retry.started, parts, body).await?;
+                let response = out.send(retry.started, retry.body).await?;
                 tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage())
             }
         };
@@ -141,23 +149,57 @@ impl<D: Dialect> Exchange<'_, D> {
     }
 }
 
-/// Sends `body` upstream with the client's method, path and headers; `started` is when
-/// foldgate began working on it (for the overhead metric).
-async fn send<D: Dialect>(
-    dialect: &D,
-    upstream: &Upstream,
-    metrics: &Metrics,
-    started: Instant,
-    parts: &http::request::Parts,
-    body: Bytes,
-) -> Result<Response<UpstreamBody>, ProxyError> {
-    let mut headers = parts.headers.clone();
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    let request = build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body))?;
-    let route = dialect.route();
-    metrics.observe_proxy_overhead(route, started.elapsed().as_secs_f64());
-    let sent = Instant::now();
-    let result = upstream.send(request).await;
-    metrics.observe_upstream_ttfb(route, sent.elapsed().as_secs_f64());
-    result
+/// The client's headers as forwarded: without the `anthropic-beta` names of the APIs
+/// foldgate serves itself when `strip_betas`.
+fn forwarded_headers(headers: &HeaderMap, strip_betas: bool) -> HeaderMap {
+    let mut headers = headers.clone();
+    if !strip_betas {
+        return headers;
+    }
+    let betas: Vec<String> = headers
+        .get_all(ANTHROPIC_BETA)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(anthropic_edits::strip_betas)
+        .collect();
+    headers.remove(ANTHROPIC_BETA);
+    for value in betas {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.append(ANTHROPIC_BETA, value);
+        }
+    }
+    headers
+}
+
+const ANTHROPIC_BETA: &str = "anthropic-beta";
+
+/// Where and how a request's bodies are sent.
+struct Outgoing<'a, D> {
+    dialect: &'a D,
+    upstream: &'a Upstream,
+    metrics: &'a Metrics,
+    parts: &'a http::request::Parts,
+    /// The headers to send (the client's, see [`forwarded_headers`]).
+    headers: &'a HeaderMap,
+}
+
+impl<D: Dialect> Outgoing<'_, D> {
+    /// Sends `body` upstream with the client's method and path; `started` is when
+    /// foldgate began working on it (for the overhead metric).
+    async fn send(
+        &self,
+        started: Instant,
+        body: Bytes,
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
+        let mut headers = self.headers.clone();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let (method, uri) = (self.parts.method.clone(), &self.parts.uri);
+        let request = build_request(self.upstream, method, uri, headers, full(body))?;
+        let route = self.dialect.route();
+        self.metrics.observe_proxy_overhead(route, started.elapsed().as_secs_f64());
+        let sent = Instant::now();
+        let result = self.upstream.send(request).await;
+        self.metrics.observe_upstream_ttfb(route, sent.elapsed().as_secs_f64());
+        result
+    }
 }

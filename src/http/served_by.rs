@@ -63,8 +63,9 @@ impl ProviderApis {
 /// (an unknown, unrecognized, extra or unsupported parameter naming it).
 pub fn rejects_field(error_body: &[u8], field: &str) -> bool {
     let text = String::from_utf8_lossy(error_body).to_ascii_lowercase();
-    const SAYS_UNKNOWN: [&str; 8] = [
+    const SAYS_UNKNOWN: [&str; 9] = [
         "unknown",
+        "unexpected",
         "unrecognized",
         "unrecognised",
         "extra",

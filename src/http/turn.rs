@@ -185,6 +185,21 @@ impl<D: Dialect> Turn<'_, D> {
         self.model
     }
 
+    /// The request's `model`, as sent.
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    /// True when the request asks for an event stream (`"stream": true`).
+    pub fn streams(&self) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Stream {
+            #[serde(default)]
+            stream: bool,
+        }
+        serde_json::from_slice::<Stream>(self.original).is_ok_and(|s| s.stream)
+    }
+
     /// For a dialect whose provider counts tokens with an encoder the engine does not
     /// have, and a forwarded prompt the engine counted exactly: what to do with the usage
     /// the upstream reports (calibrate the model's and the conversation's ratio).

@@ -19,16 +19,20 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::{Dialect, byte_bound};
+use super::{Dialect, Prepared, Served, byte_bound};
+use crate::api::anthropic_edits;
 use crate::api::{self, Origins};
+use crate::compaction::tokens::Encoding;
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
+use crate::http::served_by::{ProviderApis, rejects_field};
 use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
 use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
+use crate::vocab::ProviderApi;
 
 /// Anthropic's Messages API.
 #[derive(Debug, Clone, Copy, Default)]
@@ -49,6 +53,47 @@ impl Dialect for Messages {
 
     fn route(&self) -> Route {
         Route::Messages
+    }
+
+    fn provider_api(&self) -> Option<ProviderApi> {
+        Some(ProviderApi::MessagesContextManagement)
+    }
+
+    /// When foldgate serves `context_management`: compaction blocks sent back become
+    /// their summary as user text (what they summarized dropped), the clearing edits are
+    /// applied (tokens counted with the engine's default encoding over the body's JSON,
+    /// an estimate), the field and its beta names are taken off.
+    fn prepare(
+        &self,
+        body: &Bytes,
+        _provider: &ProviderApis,
+        serve: bool,
+    ) -> Result<Prepared, String> {
+        let asked = memchr::memmem::find(body, b"\"context_management\"").is_some();
+        if !serve {
+            return Ok(Prepared { left_for_upstream: asked, ..Prepared::unchanged(body) });
+        }
+        let expanded = anthropic_edits::expand_compaction(body).unwrap_or_else(|| body.clone());
+        let Some(edits) = anthropic_edits::parse(&expanded).map_err(|e| e.to_string())? else {
+            return Ok(Prepared { strip_betas: true, ..Prepared::unchanged(&expanded) });
+        };
+        let body = anthropic_edits::without_context_management(&expanded).unwrap_or(expanded);
+        let count = |text: &str| Encoding::O200kBase.count(text);
+        let input_tokens = std::str::from_utf8(&body).map_or(0, count);
+        let cleared = anthropic_edits::apply_clearing(&body, &edits, input_tokens, &count);
+        Ok(Prepared {
+            body: cleared.body,
+            served: Some(Served::MessagesEdits { edits, applied: cleared.applied }),
+            left_for_upstream: false,
+            strip_betas: true,
+        })
+    }
+
+    /// Also a rejection of the beta header that enables the edits.
+    fn rejects_provider_compaction(&self, error_body: &[u8]) -> bool {
+        let betas = [anthropic_edits::CONTEXT_MANAGEMENT_BETA, anthropic_edits::COMPACT_BETA];
+        rejects_field(error_body, "context_management")
+            || betas.iter().any(|beta| rejects_field(error_body, beta))
     }
 
     fn outline<'a>(&self, body: &'a [u8]) -> Option<MessagesOutline<'a>> {

@@ -18,6 +18,7 @@ use http::{HeaderMap, StatusCode};
 
 use super::served_by::ProviderApis;
 use super::sse::Event;
+use crate::api::anthropic_edits::{AppliedEdit, ContextManagement};
 use crate::api::compaction_item::ContextCompaction;
 use crate::compaction::engine::Bound;
 use crate::compaction::tokens::REPLY_PRIMING;
@@ -80,12 +81,15 @@ pub struct Prepared {
     /// The body asks for a provider compaction that is left to the upstream (it serves
     /// it, or `auto` has not found that it does not).
     pub left_for_upstream: bool,
+    /// The `anthropic-beta` names of the APIs foldgate serves are taken off the headers
+    /// forwarded.
+    pub strip_betas: bool,
 }
 
 impl Prepared {
     /// `body` as it is.
     pub fn unchanged(body: &Bytes) -> Self {
-        Self { body: body.clone(), served: None, left_for_upstream: false }
+        Self { body: body.clone(), served: None, left_for_upstream: false, strip_betas: false }
     }
 }
 
@@ -94,6 +98,14 @@ impl Prepared {
 pub enum Served {
     /// Responses `context_management` compaction.
     ResponsesCompaction(ContextCompaction),
+    /// Anthropic `context_management.edits`: the clearing edits already applied to the
+    /// body, and the edits (a `compact_20260112` among them is made on the turn).
+    MessagesEdits {
+        /// The edits the request asked for.
+        edits: ContextManagement,
+        /// The clearing edits that changed the body.
+        applied: Vec<AppliedEdit>,
+    },
 }
 
 /// One API shape, as the conversation service and the handler need it.

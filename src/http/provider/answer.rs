@@ -175,3 +175,11 @@ pub fn rewrite(
     parts.headers.remove(CONTENT_LENGTH);
     Response::from_parts(parts, boxed(Rewritten { inner, rewrite, ended: false }))
 }
+
+/// An answer foldgate gives itself: `body`, an event stream when `events`, else JSON.
+pub fn local(body: Vec<u8>, events: bool) -> Response<ProxyBody> {
+    let content_type = if events { "text/event-stream" } else { "application/json" };
+    let mut response = Response::new(crate::http::body::full(body));
+    response.headers_mut().insert(CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    response
+}
