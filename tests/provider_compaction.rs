@@ -422,6 +422,17 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
         .filter(|t| t.contains("fn item_0_0") && !t.starts_with(DIGEST_MARKER))
         .collect();
     assert!(stale.is_empty(), "what it summarized is not sent: {stale:?}");
+    // The compact edit's instructions reached the summarizer.
+    let asked =
+        anthropic.recorded().into_iter().filter(|r| r.headers.contains_key("x-foldgate-summary"));
+    let asked: Vec<Recorded> = asked.collect();
+    assert!(!asked.is_empty(), "digests written by the model");
+    // (The engine's own folds of these requests are asked without them.)
+    assert!(
+        asked.iter().any(|r| {
+            memchr::memmem::find(&r.body, b"Name every module that was read.").is_some()
+        })
+    );
     // The paused compaction never reached the upstream: one request fewer than checks.
     assert_eq!(forwarded.len(), 6, "rejected, 2 clears, compact, stream, next; not paused");
 }

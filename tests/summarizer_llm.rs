@@ -67,6 +67,7 @@ fn input(msgs: &[Arc<Message>]) -> SummaryInput<'_> {
         max_tokens: 500,
         kind: DigestKind::Fold,
         shared: None,
+        instructions: None,
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Options {
     /// in the provider's tokens) by it. A conversation's own measured ratio
     /// ([`crate::compaction::SessionState::token_ratio`]) takes its place.
     pub token_ratio: Option<f64>,
+    /// What the client asked of a digest besides (a compaction API's `instructions`),
+    /// for a whole fold ([`crate::compaction::Engine::fold_whole`]).
+    pub summary_instructions: Option<String>,
 }
 
 impl Options {

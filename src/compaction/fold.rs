@@ -69,13 +69,15 @@ pub fn emitted(blocks: &[FoldBlock]) -> Result<Vec<Arc<Message>>, ModelError> {
 /// digest is written from the blocks' messages (their earlier digests) and the region,
 /// so that one digest carries what several did; otherwise the summarizer gets the last
 /// block's digest as prior context. A goal batch ([`DigestKind::GoalBatch`]) always
-/// absorbs. `None` when the summarizer deferred the fold.
+/// absorbs. `instructions`: what the client asked of the digest besides. `None` when the
+/// summarizer deferred the fold.
 pub async fn fold_after(
     blocks: &[FoldBlock],
     absorb: bool,
     region: Region<'_>,
     summarizer: &dyn Summarizer,
     rules: FoldRules,
+    instructions: Option<&str>,
 ) -> Result<Option<Folded>, ModelError> {
     let absorb = absorb || rules.kind == DigestKind::GoalBatch;
     let Region { msgs, start, end, .. } = region;
@@ -92,6 +94,7 @@ pub async fn fold_after(
         max_tokens: rules.max_tokens,
         kind: rules.kind,
         shared: shared_prefix(&region, absorb),
+        instructions,
     };
     let Some((body, name, error)) = write_digest(summarizer, summary, &input, rules).await else {
         return Ok(None);

@@ -261,7 +261,7 @@ impl<'a> Pass<'a> {
                 let region = self.region(blocks_end, end, over.previous);
                 let rules = self.rules(DigestKind::Fold, None);
                 let blocks = &mut *self.stored.blocks;
-                Some(fold_after(blocks, absorb, region, self.summarizer, rules).await?)
+                Some(fold_after(blocks, absorb, region, self.summarizer, rules, None).await?)
             }
         };
         match folded.flatten() {
@@ -339,7 +339,7 @@ impl<'a> Pass<'a> {
         let region = self.region(blocks_end, end, over.previous);
         let rules = self.rules(DigestKind::GoalBatch, goal_keeps);
         let blocks = &mut *self.stored.blocks;
-        match fold_after(blocks, true, region, self.summarizer, rules).await? {
+        match fold_after(blocks, true, region, self.summarizer, rules, None).await? {
             Some(folded) => {
                 if self.add_fold(folded, Tier::GoalBatch)? {
                     self.report.goal_batches += 1;

@@ -113,7 +113,9 @@ impl Engine {
             kind: DigestKind::Fold,
             goal_keeps: None,
         };
-        let Some(done) = fold_after(&[], false, region, summarizer, rules).await? else {
+        let instructions = opts.summary_instructions.as_deref();
+        let Some(done) = fold_after(&[], false, region, summarizer, rules, instructions).await?
+        else {
             return Ok(None);
         };
         let block = done.block;

@@ -100,6 +100,7 @@ mod tests {
             max_tokens: 100,
             kind: crate::summarizer::DigestKind::Fold,
             shared: None,
+            instructions: None,
         }
     }
 

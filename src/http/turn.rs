@@ -268,10 +268,15 @@ impl<D: Dialect> Turn<'_, D> {
     }
 
     /// Folds the whole request for a provider compaction foldgate serves, when it is as
-    /// large as `when` says: what is forwarded becomes the kept messages and the digest.
-    /// `None` when it was not folded (smaller, nothing to fold, the provider keeps the
-    /// conversation, or the fold failed: the request goes on as decided).
-    pub async fn fold_whole(&mut self, when: FoldWhen) -> Option<WholeFold> {
+    /// large as `when` says: what is forwarded becomes the kept messages and the digest
+    /// (written with the client's `instructions`, if any). `None` when it was not folded
+    /// (smaller, nothing to fold, the provider keeps the conversation, or the fold failed:
+    /// the request goes on as decided).
+    pub async fn fold_whole(
+        &mut self,
+        when: FoldWhen,
+        instructions: Option<String>,
+    ) -> Option<WholeFold> {
         if self.parsed.is_none() {
             self.parsed = Some(parse(self.dialect, self.original)?);
         }
@@ -282,6 +287,7 @@ impl<D: Dialect> Turn<'_, D> {
         let options = Options {
             window_cap: self.learned,
             token_ratio: self.turns.token_ratio(self.dialect, &self.model_name),
+            summary_instructions: instructions,
             ..Options::default()
         };
         let caller = caller(self.dialect, self.headers);

@@ -82,6 +82,9 @@ pub struct SummaryInput<'a> {
     /// model summarizer that sends these messages first is served them from the
     /// provider's prompt cache.
     pub shared: Option<SharedPrefix<'a>>,
+    /// What the client asked of this digest besides (a compaction API's `instructions`):
+    /// a model summarizer adds it to its instruction; the extractive digest cannot.
+    pub instructions: Option<&'a str>,
 }
 
 /// The kinds of digest.

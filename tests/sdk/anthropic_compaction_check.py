@@ -62,7 +62,8 @@ def main() -> int:
                        "keep": {"type": "thinking_turns", "value": 1}}]
     report("clear_thinking", **edits_report(create(clear_thinking, [CLEAR_BETA])))
 
-    compact = [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 2000}}]
+    compact = [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 2000},
+                "instructions": "Name every module that was read."}]
     plain = create(compact, [COMPACT_BETA])
     report("compact", summary=blocks(plain)[0].get("content"), **edits_report(plain))
 

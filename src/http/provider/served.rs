@@ -70,7 +70,7 @@ pub async fn serve<D: Dialect>(
     match served {
         Served::ResponsesCompaction(compaction) => {
             let when = compaction.threshold.map_or(FoldWhen::AtTrigger, FoldWhen::AtTokens);
-            let fold = turn.fold_whole(when).await?;
+            let fold = turn.fold_whole(when, None).await?;
             let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
             let content = provider.sealer.seal(&Sealed { digest: fold.digest });
             metrics.provider_compaction(ProviderApi::ResponsesContextManagement, true);
@@ -100,7 +100,8 @@ async fn messages_edits<D: Dialect>(
     let mut answer = AnswerEdits { compaction: None, applied_edits: Some(applied.to_vec()) };
     let Some(compact) = edits.compact() else { return Addition::Messages(answer) };
     let trigger = usize::try_from(compact.trigger).unwrap_or(usize::MAX);
-    let Some(fold) = turn.fold_whole(FoldWhen::AtTokens(trigger.saturating_add(1))).await else {
+    let when = FoldWhen::AtTokens(trigger.saturating_add(1));
+    let Some(fold) = turn.fold_whole(when, compact.instructions.clone()).await else {
         return Addition::Messages(answer);
     };
     let summary = fold.digest.strip_prefix(DIGEST_MARKER).unwrap_or(&fold.digest).trim_start();
