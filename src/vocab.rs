@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize, Serializer};
 
 /// The providers' own compaction APIs, which foldgate serves for upstreams without them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ProviderApi {
     /// `POST /v1/responses/compact`.
     ResponsesCompact,

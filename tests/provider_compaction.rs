@@ -337,6 +337,7 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
     config.upstream.anthropic_url = anthropic.url();
     // Digests from the Anthropic mock (the client's credential, its API).
     config.summarizer.kind = foldgate::config::SummarizerKind::Llm;
+    config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
     let proxy = Proxy::start(config).await;
     let params = params(24);
     let original = serde_json::to_vec(&params).unwrap();
@@ -433,6 +434,23 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
             memchr::memmem::find(&r.body, b"Name every module that was read.").is_some()
         })
     );
+    // The inspector shows which requests foldgate served an edit on, and counts them.
+    let list = format!("http://{}/sessions", proxy.admin_addr.unwrap());
+    let (_, _, sessions) = send(http::Request::get(list).body(full("")).unwrap()).await;
+    let key = json(&sessions)["sessions"][0]["key"].as_str().unwrap().to_owned();
+    let detail = format!("http://{}/sessions/{key}", proxy.admin_addr.unwrap());
+    let (_, _, detail) = send(http::Request::get(detail).body(full("")).unwrap()).await;
+    let detail = json(&detail);
+    let served: Vec<&Value> = detail["recent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["api"] == "messages_context_management")
+        .collect();
+    // The two clears, the two compactions and the pause; the next turn, under the
+    // trigger once its compaction block was opened, had nothing done.
+    assert_eq!(served.len(), 5, "{detail}");
+    assert_eq!(detail["provider_compactions"], 5, "{detail}");
     // The paused compaction never reached the upstream: one request fewer than checks.
     assert_eq!(forwarded.len(), 6, "rejected, 2 clears, compact, stream, next; not paused");
 }

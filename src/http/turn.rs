@@ -24,7 +24,7 @@ use crate::metrics::{Metrics, OverflowRetry, Route, WindowEvent, model_label};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
 use crate::summarizer::llm::{ClientHeaders, Credential};
-use crate::vocab::Outcome;
+use crate::vocab::{Outcome, ProviderApi};
 
 /// What the edge's compacted routes share. Cheap to clone: every connection thread
 /// holds one.
@@ -63,6 +63,8 @@ pub struct Turn<'a, D: Dialect> {
     overflow: Option<OverflowRetry>,
     /// The overflow stated a window smaller than any known.
     learned_window: bool,
+    /// The provider compaction API foldgate served on this request, when it changed it.
+    provider_api: Option<ProviderApi>,
 }
 
 /// A deeper compaction to send after an overflow error.
@@ -150,6 +152,7 @@ impl Turns {
             decision,
             overflow: None,
             learned_window: false,
+            provider_api: None,
         })
     }
 
@@ -306,6 +309,11 @@ impl<D: Dialect> Turn<'_, D> {
         }
     }
 
+    /// Notes that foldgate served `api` on this request (it is recorded with it).
+    pub fn served(&mut self, api: ProviderApi) {
+        self.provider_api = Some(api);
+    }
+
     /// True when the forwarded body is a retry after an overflow error.
     fn retried(&self) -> bool {
         self.overflow == Some(OverflowRetry::Retried)
@@ -323,7 +331,8 @@ impl<D: Dialect> Turn<'_, D> {
     fn record(&self) {
         let (metrics, decision) = (self.metrics, &self.decision);
         if let Some(inspector) = &self.turns.inspector {
-            inspector.record(self.headers, &self.key, self.model, decision, self.retried());
+            let (key, model, api) = (&self.key, self.model, self.provider_api);
+            inspector.record(self.headers, key, model, decision, self.retried(), api);
         }
         let route = self.dialect.route();
         metrics.chat_request(route, decision.outcome);

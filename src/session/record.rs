@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::vocab::Outcome;
+use crate::vocab::{Outcome, ProviderApi};
 
 /// Number of tiers counted (0 to 4, see `compaction::Tier`).
 pub const TIERS: usize = 5;
@@ -41,6 +41,8 @@ pub struct RequestEntry {
     pub messages: u32,
     /// It was sent again, compacted deeper, after a context-overflow error.
     pub retried: bool,
+    /// The provider's compaction API foldgate served on it, when it changed the request.
+    pub api: Option<ProviderApi>,
 }
 
 /// A fold block, as recorded by the request that made it.
@@ -94,6 +96,9 @@ pub struct Summary {
     pub drops: u64,
     /// Requests by deepest tier applied (index = tier).
     pub tiers: [u64; TIERS],
+    /// Requests on which foldgate served a provider's compaction API (see
+    /// [`RequestEntry::api`]).
+    pub provider_compactions: u64,
 }
 
 impl Summary {
@@ -114,6 +119,7 @@ impl Summary {
         self.folds += update.folds.len() as u64;
         self.drops += u64::from(request.dropped > 0);
         self.tiers[usize::from(request.tier).min(TIERS - 1)] += 1;
+        self.provider_compactions += u64::from(request.api.is_some());
     }
 }
 

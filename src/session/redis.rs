@@ -184,6 +184,9 @@ impl<S> RedisStore<S> {
         if request.dropped > 0 {
             pipe.cmd("HINCRBY").arg(&m).arg("drops").arg(1).ignore();
         }
+        if request.api.is_some() {
+            pipe.cmd("HINCRBY").arg(&m).arg("provider_compactions").arg(1).ignore();
+        }
         if let Ok(json) = serde_json::to_string(request) {
             pipe.cmd("RPUSH").arg(&r).arg(json).ignore();
             pipe.cmd("LTRIM").arg(&r).arg(-history).arg(-1).ignore();
@@ -503,6 +506,7 @@ fn summary_of(hash: &[(String, String)]) -> Summary {
             "tokens_after" => summary.tokens_after = small(),
             "folds" => summary.folds = number(),
             "drops" => summary.drops = number(),
+            "provider_compactions" => summary.provider_compactions = number(),
             tier => {
                 let index = tier.strip_prefix('t').and_then(|n| n.parse::<usize>().ok());
                 if let Some(index) = index.filter(|&i| i < TIERS) {

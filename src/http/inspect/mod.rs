@@ -21,7 +21,7 @@ use crate::compaction::SessionState;
 use crate::conversation::Decision;
 use crate::session::record::{FoldEntry, RequestEntry, now_ms};
 use crate::session::{RecordUpdate, SessionKey, SessionStore};
-use crate::vocab::Outcome;
+use crate::vocab::{Outcome, ProviderApi};
 
 /// At most this many sessions are listed.
 const LIST_MAX: usize = 1000;
@@ -53,6 +53,7 @@ impl Inspector {
         model: &str,
         decision: &Decision,
         retried: bool,
+        api: Option<ProviderApi>,
     ) {
         let at = now_ms();
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -62,6 +63,7 @@ impl Inspector {
             wait_ms: u32::try_from(decision.fold_wait.as_millis()).unwrap_or(u32::MAX),
             folds: u16::try_from(decision.new_blocks.len()).unwrap_or(u16::MAX),
             retried,
+            api,
             ..RequestEntry::default()
         };
         if let Some(report) = &decision.report {

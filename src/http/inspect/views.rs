@@ -24,6 +24,7 @@ fn summary(key: &SessionKey, s: &Summary) -> Value {
         "folds": s.folds,
         "drops": s.drops,
         "tiers": s.tiers,
+        "provider_compactions": s.provider_compactions,
     })
 }
 

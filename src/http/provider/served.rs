@@ -74,6 +74,7 @@ pub async fn serve<D: Dialect>(
             let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
             let content = provider.sealer.seal(&Sealed { digest: fold.digest });
             metrics.provider_compaction(ProviderApi::ResponsesContextManagement, true);
+            turn.served(ProviderApi::ResponsesContextManagement);
             Some(Addition::ResponsesItem(compaction_item::item(&id, &content)))
         }
         Served::MessagesEdits { edits, applied } => {
@@ -84,6 +85,7 @@ pub async fn serve<D: Dialect>(
             };
             if compacted {
                 metrics.provider_compaction(ProviderApi::MessagesContextManagement, true);
+                turn.served(ProviderApi::MessagesContextManagement);
             }
             Some(addition)
         }

@@ -102,7 +102,8 @@
       const label = "request #" + r.n + " (" + time(r.at) + "): " + r.tokens_before + " → " +
         r.tokens_after + " tokens, tier " + r.tier + ", " + r.outcome +
         (r.wait_ms ? ", waited " + r.wait_ms + " ms" : "") +
-        (r.folds ? ", " + r.folds + " fold(s)" : "") + (r.dropped ? ", " + r.dropped + " dropped" : "");
+        (r.folds ? ", " + r.folds + " fold(s)" : "") + (r.dropped ? ", " + r.dropped + " dropped" : "") +
+        (r.api ? ", served " + r.api.replace(/_/g, " ") : "");
       svg.append(el("svg:circle", { class: "pt pt-before", cx: x(i), cy: y(r.tokens_before), r: 2.5 }, el("svg:title", {}, label)));
       svg.append(el("svg:circle", { class: "pt pt-after", cx: x(i), cy: y(r.tokens_after), r: 3.5, "data-request": r.n }, el("svg:title", {}, label)));
       if (r.dropped > 0) {
@@ -170,6 +171,7 @@
       meta.className = "status";
       meta.textContent = (s.model || "–") + " · " + s.requests + " request(s), the last " +
         s.recent.length + " shown · " + s.folds + " fold(s) · tiers " + s.tiers.join(" · ") +
+        (s.provider_compactions ? " · " + s.provider_compactions + " provider compaction(s) served" : "") +
         " · first seen " + time(s.first_seen) + " · last seen " + time(s.last_seen);
       chart(document.getElementById("chart"), s.recent);
       blocks(document.getElementById("blocks"), s);
