@@ -349,15 +349,20 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
     .await
     .unwrap();
 
-    let clear = check(&lines, "clear_tool_uses");
-    let applied = &clear["applied"][0];
-    assert_eq!(applied["type"], "clear_tool_uses_20250919", "{clear}");
-    assert_eq!(applied["cleared_tool_uses"], 22, "all but the last 2: {clear}");
-    assert!(applied["cleared_input_tokens"].as_u64().unwrap() > 5000, "{clear}");
-    let thinking = check(&lines, "clear_thinking");
-    assert_eq!(thinking["applied"][0]["type"], "clear_thinking_20251015", "{thinking}");
-    // Five turns (the task, then a remark every fifth round): all but the last cleared.
-    assert_eq!(thinking["applied"][0]["cleared_thinking_turns"], 4, "{thinking}");
+    for name in ["clear_tool_uses", "clear_tool_uses_stream"] {
+        let clear = check(&lines, name);
+        let applied = &clear["applied"][0];
+        assert_eq!(applied["type"], "clear_tool_uses_20250919", "{clear}");
+        assert_eq!(applied["cleared_tool_uses"], 22, "all but the last 2: {clear}");
+        assert!(applied["cleared_input_tokens"].as_u64().unwrap() > 5000, "{clear}");
+        assert_eq!(clear["types"], json!(["text"]), "{clear}");
+    }
+    for name in ["clear_thinking", "clear_thinking_stream"] {
+        let thinking = check(&lines, name);
+        assert_eq!(thinking["applied"][0]["type"], "clear_thinking_20251015", "{thinking}");
+        // Five turns (the task, then a remark every fifth round): all but the last cleared.
+        assert_eq!(thinking["applied"][0]["cleared_thinking_turns"], 4, "{thinking}");
+    }
     for name in ["compact", "compact_stream"] {
         let line = check(&lines, name);
         assert_eq!(line["types"][0], "compaction", "{line}");
@@ -367,9 +372,11 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
         assert_eq!(iterations[0]["type"], "compaction", "{line}");
         assert_eq!(iterations[1]["type"], "message", "{line}");
     }
-    let paused = check(&lines, "paused");
-    assert_eq!(paused["types"], json!(["compaction"]));
-    assert_eq!(paused["stop_reason"], "compaction");
+    for name in ["paused", "paused_stream"] {
+        let paused = check(&lines, name);
+        assert_eq!(paused["types"], json!(["compaction"]), "{paused}");
+        assert_eq!(paused["stop_reason"], "compaction", "{paused}");
+    }
     let malformed = check(&lines, "malformed");
     assert_eq!(malformed["status"], 400, "{malformed}");
     assert!(malformed["message"].as_str().unwrap().contains("keep"), "{malformed}");
@@ -408,9 +415,11 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
         }
     }
     // The clearing: old results replaced by the placeholder, the last two intact.
-    let cleared = texts(bodies[1]);
-    let placeholders = cleared.iter().filter(|t| t.contains("cleared to save context")).count();
-    assert_eq!(placeholders, 22);
+    for cleared in [bodies[1], bodies[2]] {
+        let texts = texts(cleared);
+        let placeholders = texts.iter().filter(|t| t.contains("cleared to save context")).count();
+        assert_eq!(placeholders, 22);
+    }
     // The next turn carried the compaction block back: its summary reached the upstream
     // as text, what it summarized did not.
     let summary = check(&lines, "compact")["summary"].as_str().unwrap().to_owned();
@@ -447,12 +456,12 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
         .iter()
         .filter(|r| r["api"] == "messages_context_management")
         .collect();
-    // The two clears, the two compactions and the pause; the next turn, under the
-    // trigger once its compaction block was opened, had nothing done.
-    assert_eq!(served.len(), 5, "{detail}");
-    assert_eq!(detail["provider_compactions"], 5, "{detail}");
+    // The clears, the compactions and the pauses, plain and streamed; the next turn,
+    // under the trigger once its compaction block was opened, had nothing done.
+    assert_eq!(served.len(), 8, "{detail}");
+    assert_eq!(detail["provider_compactions"], 8, "{detail}");
     // The paused compaction never reached the upstream: one request fewer than checks.
-    assert_eq!(forwarded.len(), 6, "rejected, 2 clears, compact, stream, next; not paused");
+    assert_eq!(forwarded.len(), 8, "rejected, 4 clears, 2 compacts, next; not the pauses");
 }
 
 const ANTHROPIC_SCRIPT: &str =

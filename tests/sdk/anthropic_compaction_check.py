@@ -52,26 +52,33 @@ def main() -> int:
             **extra,
         )
 
+    def stream(edits, betas, messages=None):
+        with client.beta.messages.stream(
+            **{**params, "messages": messages or params["messages"]},
+            context_management={"edits": edits},
+            betas=betas,
+            extra_headers=headers,
+        ) as events:
+            return events.get_final_message()
+
     clear_tools = [{"type": "clear_tool_uses_20250919",
                     "trigger": {"type": "input_tokens", "value": 1000},
                     "keep": {"type": "tool_uses", "value": 2},
                     "clear_tool_inputs": True}]
     report("clear_tool_uses", **edits_report(create(clear_tools, [CLEAR_BETA])))
+    report("clear_tool_uses_stream", **edits_report(stream(clear_tools, [CLEAR_BETA])))
 
     clear_thinking = [{"type": "clear_thinking_20251015",
                        "keep": {"type": "thinking_turns", "value": 1}}]
     report("clear_thinking", **edits_report(create(clear_thinking, [CLEAR_BETA])))
+    report("clear_thinking_stream", **edits_report(stream(clear_thinking, [CLEAR_BETA])))
 
     compact = [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 2000},
                 "instructions": "Name every module that was read."}]
     plain = create(compact, [COMPACT_BETA])
     report("compact", summary=blocks(plain)[0].get("content"), **edits_report(plain))
 
-    with client.beta.messages.stream(
-        **params, context_management={"edits": compact}, betas=[COMPACT_BETA],
-        extra_headers=headers,
-    ) as stream:
-        streamed = stream.get_final_message()
+    streamed = stream(compact, [COMPACT_BETA])
     report("compact_stream", summary=blocks(streamed)[0].get("content"), **edits_report(streamed))
 
     # The next turn carries the compaction block back.
@@ -81,8 +88,9 @@ def main() -> int:
     ]
     report("compact_next", **edits_report(create(compact, [COMPACT_BETA], messages=follow)))
 
-    paused = create([{**compact[0], "pause_after_compaction": True}], [COMPACT_BETA])
-    report("paused", **edits_report(paused))
+    pause = [{**compact[0], "pause_after_compaction": True}]
+    report("paused", **edits_report(create(pause, [COMPACT_BETA])))
+    report("paused_stream", **edits_report(stream(pause, [COMPACT_BETA])))
 
     # A malformed edit: a clear 400.
     try:
