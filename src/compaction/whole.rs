@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::CompactionError;
 use super::budget::{Budget, Options};
 use super::engine::Engine;
-use super::fold::{FoldRules, Region, fold_after};
+use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::keep::Keep;
 use super::plan::Forwarded;
 use super::report::{Report, Tier};
@@ -118,35 +118,105 @@ impl Engine {
         else {
             return Ok(None);
         };
-        let block = done.block;
-        let digest_raw = block.messages.last().ok_or(ModelError::NoMessages)?.clone();
-        let digest_message = Arc::new(Message::from_raw(digest_raw)?);
-        let digest_tokens = counter.message(&digest_message);
-        let kept_tokens: usize = block.verbatim.iter().map(|&i| tokens[i]).sum();
-        let tokens_after = fixed + kept_tokens + digest_tokens;
-        let mut report = Report::new(budget, true, msgs.len(), 0, 0);
-        report.tokens_before = tokens_before;
-        report.tokens_after = tokens_after;
-        report.fits = tokens_after <= report.budget.budget;
-        report.tier = Tier::Fold;
-        report.kept = block.verbatim.len();
-        report.folded = folded;
-        report.messages_after = block.verbatim.len() + 1;
-        report.blocks_new = 1;
-        report.summarizer = Some(block.summarizer.clone());
-        report.summarizer_error = done.error.clone();
-        report.artifact_recall = block.artifact_recall;
-        Ok(Some(WholeFold {
-            report,
-            tokens_before,
-            tokens_after,
-            digest: digest_message.text(),
-            message: digest_message,
-            kept: block.verbatim,
-            digest_tokens,
-            folded,
-            summarizer: block.summarizer,
-            error: done.error,
-        }))
+        let measured = Measured { budget, fixed, tokens_before, folded, tokens: &tokens };
+        whole_fold(measured, done, &mut counter).map(Some)
+    }
+}
+
+/// What was measured of a request before its whole fold.
+struct Measured<'a> {
+    budget: Budget,
+    /// Tokens of the tools and reply priming.
+    fixed: usize,
+    tokens_before: usize,
+    /// Messages going into the digest.
+    folded: usize,
+    /// Tokens of each message.
+    tokens: &'a [usize],
+}
+
+/// The whole fold of a request measured as `m`, from the block `done` made.
+fn whole_fold(
+    m: Measured<'_>,
+    done: Folded,
+    counter: &mut Counter<'_>,
+) -> Result<WholeFold, CompactionError> {
+    let block = done.block;
+    let digest_raw = block.messages.last().ok_or(ModelError::NoMessages)?.clone();
+    let message = Arc::new(Message::from_raw(digest_raw)?);
+    let digest_tokens = counter.message(&message);
+    let kept_tokens: usize = block.verbatim.iter().map(|&i| m.tokens[i]).sum();
+    let tokens_after = m.fixed + kept_tokens + digest_tokens;
+    let mut report = Report::new(m.budget, true, m.tokens.len(), 0, 0);
+    report.tokens_before = m.tokens_before;
+    report.tokens_after = tokens_after;
+    report.fits = tokens_after <= report.budget.budget;
+    report.tier = Tier::Fold;
+    report.kept = block.verbatim.len();
+    report.folded = m.folded;
+    report.messages_after = block.verbatim.len() + 1;
+    report.blocks_new = 1;
+    report.summarizer = Some(block.summarizer.clone());
+    report.summarizer_error = done.error.clone();
+    report.artifact_recall = block.artifact_recall;
+    Ok(WholeFold {
+        report,
+        tokens_before: m.tokens_before,
+        tokens_after,
+        digest: message.text(),
+        message,
+        kept: block.verbatim,
+        digest_tokens,
+        folded: m.folded,
+        summarizer: block.summarizer,
+        error: done.error,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::CompactionConfig;
+    use crate::model::DIGEST_MARKER;
+    use crate::summarizer::ExtractiveSummarizer;
+
+    fn request() -> ChatRequest {
+        let mut messages = vec![
+            json!({"role": "system", "content": "Be careful."}),
+            json!({"role": "user", "content": "Fix the parser."}),
+        ];
+        for i in 0..6 {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"),
+                "type": "function", "function": {"name": "read", "arguments": format!("{{\"path\":\"src/m{i}.rs\"}}")}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": "fn x() {}\n".repeat(50)}));
+        }
+        messages.push(json!({"role": "user", "content": "Now the tests."}));
+        let body = json!({"model": "gpt-4.1", "messages": messages});
+        ChatRequest::parse(&serde_json::to_vec(&body).unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn everything_but_what_a_fold_keeps_goes_into_one_digest() {
+        let engine = Engine::new(CompactionConfig::default());
+        let request = request();
+        let (summarizer, opts) = (ExtractiveSummarizer, Options::default());
+        let fold = engine.fold_whole(&request, &summarizer, &opts, FoldWhen::Always).await;
+        let fold = fold.unwrap().unwrap();
+        assert_eq!(fold.kept, vec![0, 1, 14], "system, task and the last user message");
+        assert_eq!(fold.folded, 12);
+        assert!(fold.digest.starts_with(DIGEST_MARKER));
+        assert!(fold.digest.contains("src/m5.rs"), "the work trail: {}", fold.digest);
+        assert!(fold.tokens_after < fold.tokens_before);
+        let folded = fold.request(&request);
+        assert_eq!(folded.messages().len(), 4);
+        assert!(folded.messages()[3].is_digest());
+        // Below a threshold nothing is folded; the same input folds to the same digest.
+        let high = FoldWhen::AtTokens(1_000_000);
+        assert!(engine.fold_whole(&request, &summarizer, &opts, high).await.unwrap().is_none());
+        let again = engine.fold_whole(&request, &summarizer, &opts, FoldWhen::Always).await;
+        assert_eq!(again.unwrap().unwrap().digest, fold.digest);
     }
 }
