@@ -222,8 +222,9 @@ async fn an_upstream_with_the_apis_gets_requests_and_answers_pass_byte_for_byte(
     let body = json!({"model": "gpt-4.1", "input": items,
         "context_management": [{"type": "compaction", "compact_threshold": 1000}]});
     let body = Bytes::from(body.to_string());
-    let (status, _, _) = send(post(&proxy.url("/v1/responses"), body.clone())).await;
+    let (status, _, answer) = send(post(&proxy.url("/v1/responses"), body.clone())).await;
     assert_eq!(status, 200);
+    assert_eq!(answer, response_object("completed", USAGE, "null").as_bytes());
     assert_eq!(mock.forwarded_bodies(), vec![compact, body]);
 }
 
@@ -481,8 +482,9 @@ async fn an_anthropic_upstream_with_context_management_gets_it_byte_for_byte() {
         .header("x-api-key", "sk-ant")
         .body(full(body.clone()))
         .unwrap();
-    let (status, _, _) = send(request).await;
+    let (status, _, answer) = send(request).await;
     assert_eq!(status, 200);
+    assert_eq!(json(&answer)["content"][0]["text"], "ok", "the upstream's answer as it is");
     let forwarded = anthropic.forwarded();
     assert_eq!(forwarded[0].body, body);
     assert_eq!(forwarded[0].headers["anthropic-beta"], "context-management-2025-06-27");

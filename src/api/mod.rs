@@ -17,8 +17,6 @@ pub mod json_text;
 pub mod messages;
 pub mod responses;
 pub mod responses_output;
-#[cfg(test)]
-mod sdk_answers;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -1,17 +1,17 @@
-//! The answers foldgate synthesizes or rewrites, read by the official Python SDKs
-//! (`scripts/check-sdk-answers.py`): ignored by default, as it needs `python3` with the
-//! `anthropic` and `openai` packages. Run it with
-//! `cargo test --lib api::sdk_answers -- --ignored`.
+//! The answers foldgate synthesizes or rewrites for the providers' compaction APIs, read
+//! by the official Python SDKs (`tests/sdk/sdk_answers_check.py`): the Anthropic compaction
+//! block (paused and injected, JSON and streamed) and the Responses compaction item.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, missing_docs)]
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
 
 use std::path::Path;
 
-use super::anthropic_edits::{
+use foldgate::api::anthropic_edits::{
     AnswerEdits, AppliedEdit, CompactionAnswer, CompactionInjector, decorate_message,
     paused_message, paused_stream,
 };
-use super::responses_output::{OutputItemInjector, insert_output_item};
+use foldgate::api::responses_output::{OutputItemInjector, insert_output_item};
 
 const SUMMARY: &str = "The user asked to fix a test.\n- read src/lib.rs\n- \"quoted\" \u{e9}";
 
@@ -100,12 +100,15 @@ fn write_fixtures(dir: &Path) {
 }
 
 #[test]
-#[ignore = "needs python3 with the anthropic and openai packages"]
 fn official_sdks_read_the_answers() {
+    let sdks = ["anthropic", "openai"];
+    if !sdks.iter().all(|m| common::tools::python_module_available(m)) {
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("foldgate-sdk-answers-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     write_fixtures(&dir);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-sdk-answers.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/sdk_answers_check.py");
     let out = std::process::Command::new("python3").arg(script).arg(&dir).output().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     print!("{}", String::from_utf8_lossy(&out.stdout));

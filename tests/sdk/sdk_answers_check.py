@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Feeds the answers foldgate synthesizes or rewrites (written to DIR by the ignored test
-`api::anthropic_edits::sdk::official_sdks_read_the_answers`) through the official SDKs'
+"""Feeds the answers foldgate synthesizes or rewrites (written to DIR by
+`tests/sdk_answers.rs`) through the official SDKs'
 own clients over a mock transport, and checks what the SDKs build from them:
 
 - anthropic: `beta.messages.stream(...).get_final_message()` (the SDK's stream
@@ -10,7 +10,7 @@ own clients over a mock transport, and checks what the SDKs build from them:
 - openai: `responses.stream(...).get_final_response()` and `responses.create(...)` give
   a response whose first output item is the compaction item.
 
-Usage: scripts/check-sdk-answers.py DIR (exit status 0 when every check holds).
+Usage: sdk_answers_check.py DIR (exit status 0 when every check holds).
 """
 
 import pathlib
