@@ -129,7 +129,9 @@ fn session_store(
     let store: Arc<dyn SessionStore<SessionState>> = match session.store {
         StoreKind::Memory => Arc::new(MemoryStore::new(session.ttl, session.max_sessions)),
         StoreKind::Redis => Arc::new(RedisStore::new(&RedisOptions {
-            url: session.redis_url.expose().to_owned(),
+            urls: session.redis_url.parts().iter().map(|u| u.expose().to_owned()).collect(),
+            mode: session.redis_mode,
+            sentinel_master: session.redis_sentinel_master.clone(),
             key_prefix: session.redis_key_prefix.clone(),
             ttl: session.ttl,
             timeout: session.redis_timeout,

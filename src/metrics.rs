@@ -248,6 +248,12 @@ const TRAIL_REREADS: Spec = Spec {
     labels: &["route"],
 };
 
+const STORE_FAILOVERS: Spec = Spec {
+    name: "session_store_failovers_total",
+    help: "Failovers of the shared session store seen by this process: a new primary named by the sentinels, or an outage of a Redis Cluster that ended.",
+    labels: &[],
+};
+
 const PROVIDER_COMPACTIONS: Spec = Spec {
     name: "provider_compactions_total",
     help: "Requests of the providers' own compaction APIs (Responses compact and context_management, Anthropic context_management edits) that compacted, by API and by who served them (upstream, foldgate).",
@@ -401,6 +407,8 @@ pub struct Metrics {
     pub learned_windows: IntCounterVec,
     /// Requests of the providers' own compaction APIs, by API and by who served them.
     pub provider_compactions: IntCounterVec,
+    /// Failovers of the shared session store seen (no labels).
+    pub store_failovers: IntCounterVec,
     per_request: PerRequest,
 }
 
@@ -449,6 +457,7 @@ impl Metrics {
             trail_rereads: r.counter(&TRAIL_REREADS)?,
             learned_windows: r.counter(&LEARNED_WINDOWS)?,
             provider_compactions: r.counter(&PROVIDER_COMPACTIONS)?,
+            store_failovers: r.counter(&STORE_FAILOVERS)?,
             registry,
             per_request: PerRequest::default(),
         }
@@ -489,6 +498,7 @@ impl Metrics {
         for event in WindowEvent::ALL {
             self.learned_windows.with_label_values(&[event.as_str()]);
         }
+        self.store_failovers.with_label_values(&[] as &[&str]);
         for api in ProviderApi::ALL {
             for served_by in ["upstream", "foldgate"] {
                 self.provider_compactions.with_label_values(&[api.as_str(), served_by]);
@@ -532,6 +542,15 @@ impl Metrics {
         self.per_request.proxy_overhead[route.index()]
             .get_or_init(|| self.proxy_overhead.with_label_values(&[route.as_str()]))
             .observe(seconds);
+    }
+
+    /// Brings the store failover counter up to `seen`, the store's own count.
+    pub fn store_failovers_seen(&self, seen: u64) {
+        let counter = self.store_failovers.with_label_values(&[] as &[&str]);
+        let counted = counter.get();
+        if seen > counted {
+            counter.inc_by(seen - counted);
+        }
     }
 
     /// Counts a request of the providers' compaction API `api`, served by foldgate or

@@ -101,6 +101,28 @@ fn replicas_share_the_one_redis_behind_a_round_robin_balancer() {
 }
 
 #[test]
+fn the_cluster_profile_runs_two_replicas_on_a_redis_cluster() {
+    let compose = compose();
+    let nodes: Vec<String> = (1..=6).map(|i| format!("redis-c{i}")).collect();
+    for name in nodes.iter().map(String::as_str).chain(["redis-init", "foldgate-c1", "foldgate-c2"])
+    {
+        assert_eq!(strings(&service(&compose, name)["profiles"]), ["cluster"], "{name}");
+    }
+    let init = service(&compose, "redis-init")["command"][2].as_str().unwrap().to_owned();
+    assert!(init.contains("--cluster create") && init.contains("--cluster-replicas 1"), "{init}");
+    for node in &nodes {
+        assert!(init.contains(node.as_str()), "redis-init joins {node}");
+    }
+    for name in ["foldgate-c1", "foldgate-c2"] {
+        let env = &service(&compose, name)["environment"];
+        assert_eq!(env["FOLDGATE_SESSION__REDIS_MODE"].as_str(), Some("cluster"), "{name}");
+        let urls = env["FOLDGATE_SESSION__REDIS_URL"].as_str().unwrap();
+        assert_eq!(urls.split(',').count(), 3, "{name}: seed URLs");
+        assert_eq!(env["FOLDGATE_SESSION__STORE"].as_str(), Some("redis"), "{name}");
+    }
+}
+
+#[test]
 fn the_dockerfile_is_multi_stage_and_runs_as_a_non_root_user() {
     let text = std::fs::read_to_string(repo("Dockerfile")).unwrap();
     let lines: Vec<&str> = text.lines().map(str::trim).collect();

@@ -6,102 +6,26 @@
 
 mod common;
 
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::agent::{chat_config, chat_request};
 use common::redis_server::RedisServer;
-use common::sessions::{Shape, session_requests};
+use common::redis_sharing::*;
 use common::*;
 use foldgate::compaction::SessionState;
-use foldgate::config::{Config, SecretUrl, StoreKind};
+use foldgate::config::SecretUrl;
 use foldgate::session::{
     LearnedStore, LeaseStore, RedisOptions, RedisStore, Saved, SessionKey, StateStore,
 };
 use http::StatusCode;
-use serde_json::json;
-
-const CREDENTIAL: &str = "Bearer sk-redis-test-credential";
-const SESSION: &str = "conversation-under-test";
-
-/// The agent provider, with digests that depend only on what is summarized (so that
-/// whichever replica asks gets the same digest) and take `delay` to write.
-fn provider(delay: Duration) -> Handler {
-    let normal = common::agent::provider(Default::default());
-    Arc::new(move |rec: Recorded| {
-        let normal = normal.clone();
-        Box::pin(async move {
-            if !rec.headers.contains_key("x-foldgate-summary") {
-                return normal(rec).await;
-            }
-            tokio::time::sleep(delay).await;
-            let mut hasher = DefaultHasher::new();
-            rec.body.hash(&mut hasher);
-            let digest = format!(
-                "## Milestones\n- I read the modules (range {:016x}).\n## Key artifacts\n- src/parser.rs",
-                hasher.finish()
-            );
-            let body = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": digest}}]});
-            response(200, body.to_string())
-        })
-    })
-}
-
-/// A replica's configuration: a 16k window, the model summarizer, sessions in `redis`.
-fn replica(upstream: &str, redis: &str) -> Config {
-    let mut config = chat_config(upstream);
-    config.compaction.max_context_tokens = Some(16_000);
-    config.session.store = StoreKind::Redis;
-    config.session.redis_url = SecretUrl::new(redis);
-    config
-}
-
-fn summaries(mock: &MockUpstream) -> Vec<Bytes> {
-    mock.recorded()
-        .into_iter()
-        .filter(|r| r.headers.contains_key("x-foldgate-summary"))
-        .map(|r| r.body)
-        .collect()
-}
-
-/// Waits until no summarizer call has started for a while: background folds (prefetch)
-/// of the last request have landed, so the next request finds the same state whichever
-/// process serves it.
-async fn settle(mock: &MockUpstream) {
-    let mut seen = summaries(mock).len();
-    loop {
-        tokio::time::sleep(Duration::from_millis(120)).await;
-        let now = summaries(mock).len();
-        if now == seen {
-            return;
-        }
-        seen = now;
-    }
-}
-
-/// Sends every request of `bodies` to `proxies` in turn; returns the statuses.
-async fn converse(proxies: &[&Proxy], mock: &MockUpstream, bodies: &[Bytes]) {
-    for (i, body) in bodies.iter().enumerate() {
-        let proxy = proxies[i % proxies.len()];
-        let (status, _, answer) =
-            send(chat_request(proxy, body.clone(), CREDENTIAL, SESSION)).await;
-        assert_eq!(status, StatusCode::OK, "request {i}: {}", String::from_utf8_lossy(&answer));
-        settle(mock).await;
-    }
-}
-
-fn long_session() -> Vec<Bytes> {
-    session_requests(Shape::CodingAgent, 7, 40_000).into_iter().map(|r| r.body).collect()
-}
 
 /// Every key foldgate wrote, checked to be prefixed hashes (no session id, no credential).
 async fn keys(redis: &RedisServer) -> Vec<String> {
     let mut conn = redis.connection().await;
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
     for key in &keys {
-        assert!(key.starts_with("foldgate:s:") || key.starts_with("foldgate:l:"), "{key}");
+        let tagged = key.starts_with("foldgate:{");
+        assert!(tagged && (key.ends_with("}:s") || key.ends_with("}:l")), "{key}");
         assert!(!key.contains(SESSION) && !key.contains("sk-redis"), "{key}");
     }
     keys
@@ -198,7 +122,7 @@ async fn concurrent_requests_on_two_replicas_summarize_each_range_once() {
     assert!(last_a == last_b, "both replicas forward the same bytes");
     assert!(String::from_utf8_lossy(last_a).contains("I read the modules (range"));
     assert_eq!(summaries(&mock).len(), calls, "the stored fold was reused");
-    assert!(keys(&redis).await.iter().all(|k| k.starts_with("foldgate:s:")), "leases released");
+    assert!(keys(&redis).await.iter().all(|k| k.ends_with("}:s")), "leases released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,7 +217,9 @@ fn free_port() -> u16 {
 
 fn store(redis: &RedisServer) -> RedisStore<SessionState> {
     RedisStore::new(&RedisOptions {
-        url: redis.url(),
+        urls: vec![redis.url()],
+        mode: foldgate::config::RedisMode::Standalone,
+        sentinel_master: String::new(),
         key_prefix: "foldgate:".to_owned(),
         ttl: Duration::from_secs(60),
         timeout: Duration::from_secs(1),
@@ -310,7 +236,7 @@ async fn a_value_of_another_schema_version_is_ignored_and_replaced() {
     let mut conn = redis.connection().await;
     // What a later release might write: another version, a layout this one cannot read.
     let _: () = redis::cmd("HSET")
-        .arg("foldgate:s:00ff")
+        .arg("foldgate:{00ff}:s")
         .arg("v")
         .arg("999")
         .arg("rev")
@@ -325,12 +251,12 @@ async fn a_value_of_another_schema_version_is_ignored_and_replaced() {
     let loaded = store.load(&key).await.unwrap().expect("our own value reads back");
     assert_eq!(loaded.revision, 8, "revisions keep increasing across versions");
     let version: String =
-        redis::cmd("HGET").arg("foldgate:s:00ff").arg("v").query_async(&mut conn).await.unwrap();
+        redis::cmd("HGET").arg("foldgate:{00ff}:s").arg("v").query_async(&mut conn).await.unwrap();
     assert_eq!(version, "1");
 
     // Our version, unreadable: never trusted, replaced by the next save.
     let _: () = redis::cmd("HSET")
-        .arg("foldgate:s:00ff")
+        .arg("foldgate:{00ff}:s")
         .arg("state")
         .arg("{not json")
         .query_async(&mut conn)

@@ -26,7 +26,7 @@ pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
 pub use provider::{COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy};
 pub use secret::{Secret, SecretUrl};
-pub use session::{SessionConfig, StoreKind, SummarizerConfig};
+pub use session::{RedisMode, SessionConfig, StoreKind, SummarizerConfig};
 
 /// The shipped configuration file, every option with its default.
 pub const DEFAULT_CONFIG_TOML: &str = include_str!("../../config/foldgate.toml");

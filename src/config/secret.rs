@@ -72,9 +72,19 @@ impl SecretUrl {
         self.0.is_empty()
     }
 
-    /// The URL with its password replaced by a mask; text that is not a URL is masked
-    /// whole, since it cannot be told where a password would be.
+    /// The comma-separated URLs this holds (seed URLs of a cluster, sentinels), trimmed.
+    pub fn parts(&self) -> Vec<SecretUrl> {
+        self.0.split(',').map(str::trim).filter(|p| !p.is_empty()).map(SecretUrl::new).collect()
+    }
+
+    /// The URL (each URL of a comma-separated list) with its password replaced by a mask;
+    /// text that is not a URL is masked whole, since it cannot be told where a password
+    /// would be.
     pub fn masked(&self) -> String {
+        if self.0.contains(',') {
+            let parts: Vec<String> = self.parts().iter().map(SecretUrl::masked).collect();
+            return parts.join(",");
+        }
         match url::Url::parse(&self.0) {
             Ok(mut url) => {
                 if url.password().is_some() && url.set_password(Some(MASK)).is_err() {
@@ -138,5 +148,8 @@ mod tests {
         assert_eq!(url.expose(), "rediss://app:hunter2@cache.internal:6380/2");
         assert_eq!(SecretUrl::new("redis://h:6379").masked(), "redis://h:6379");
         assert_eq!(SecretUrl::new("not a url with pw").masked(), "********");
+        let seeds = SecretUrl::new("redis://:pw1@a:7000, redis://:pw2@b:7001");
+        assert_eq!(seeds.masked(), "redis://:********@a:7000,redis://:********@b:7001");
+        assert_eq!(seeds.parts().len(), 2);
     }
 }

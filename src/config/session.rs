@@ -22,14 +22,35 @@ pub struct SessionConfig {
     /// every replica that uses the same Redis or Valkey).
     pub store: StoreKind,
     /// The Redis server when `store = "redis"`: `redis://[user:password@]host:port/db`,
-    /// `rediss://` for TLS, `unix:///path/to/socket`. Printed with the password masked.
+    /// `rediss://` for TLS, `unix:///path/to/socket`; in cluster and sentinel mode
+    /// several seed URLs, comma-separated (cluster nodes, or the sentinels). Printed with
+    /// passwords masked.
     pub redis_url: SecretUrl,
+    /// How Redis is deployed: `standalone` (one server, or a proxy in front of many),
+    /// `cluster` (Redis Cluster: sharded, redirections followed) or `sentinel` (a
+    /// primary found through Redis Sentinel, followed through failovers).
+    pub redis_mode: RedisMode,
+    /// The name of the primary the sentinels watch (`sentinel` mode).
+    pub redis_sentinel_master: String,
     /// Prefix of every key foldgate writes to Redis.
     pub redis_key_prefix: String,
     /// Time allowed for one Redis operation; past it the request goes on without stored
     /// state (and the failure is counted).
     #[serde(with = "humantime_serde")]
     pub redis_timeout: Duration,
+}
+
+/// How Redis is deployed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server (or a proxy in front of several).
+    #[default]
+    Standalone,
+    /// Redis Cluster.
+    Cluster,
+    /// A primary and its replicas under Redis Sentinel.
+    Sentinel,
 }
 
 /// Where conversation state lives.
@@ -50,6 +71,8 @@ impl Default for SessionConfig {
             max_sessions: 10_000,
             store: StoreKind::Memory,
             redis_url: SecretUrl::default(),
+            redis_mode: RedisMode::Standalone,
+            redis_sentinel_master: String::new(),
             redis_key_prefix: "foldgate:".to_owned(),
             redis_timeout: Duration::from_millis(200),
         }
@@ -122,7 +145,15 @@ impl SessionConfig {
             return Err(("session.redis_timeout", "must be greater than 0".to_owned()));
         }
         if self.store == StoreKind::Redis || !self.redis_url.is_empty() {
-            validate_redis_url(&self.redis_url).map_err(|m| ("session.redis_url", m))?;
+            validate_redis_urls(&self.redis_url, self.redis_mode)
+                .map_err(|m| ("session.redis_url", m))?;
+        }
+        if self.redis_mode == RedisMode::Sentinel && self.redis_sentinel_master.is_empty() {
+            return Err((
+                "session.redis_sentinel_master",
+                "is required when session.redis_mode is \"sentinel\" (the name the sentinels monitor)"
+                    .to_owned(),
+            ));
         }
         Ok(())
     }
@@ -154,13 +185,26 @@ fn http_header_name_is_valid(name: &str) -> bool {
         })
 }
 
-/// Checks that `url` is a Redis URL the client accepts; messages show it masked.
-fn validate_redis_url(url: &SecretUrl) -> Result<(), String> {
-    if url.is_empty() {
+/// Checks that `urls` are Redis URLs the client accepts, one in standalone mode, one or
+/// more (comma-separated) in the others; messages show them masked.
+fn validate_redis_urls(urls: &SecretUrl, mode: RedisMode) -> Result<(), String> {
+    if urls.is_empty() {
         return Err(
             "is required when session.store is \"redis\" (e.g. redis://127.0.0.1:6379)".to_owned()
         );
     }
+    let parts = urls.parts();
+    if mode == RedisMode::Standalone && parts.len() > 1 {
+        return Err(format!(
+            "`{urls}` names {} servers: several seed URLs need session.redis_mode \"cluster\" or \"sentinel\"",
+            parts.len()
+        ));
+    }
+    parts.iter().try_for_each(validate_redis_url)
+}
+
+/// Checks that `url` is a Redis URL the client accepts; messages show it masked.
+fn validate_redis_url(url: &SecretUrl) -> Result<(), String> {
     let parsed =
         url::Url::parse(url.expose()).map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
     match parsed.scheme() {

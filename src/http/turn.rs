@@ -336,8 +336,9 @@ impl<D: Dialect> Turn<'_, D> {
         }
         let route = self.dialect.route();
         metrics.chat_request(route, decision.outcome);
-        let sessions = self.turns.conversations.store().active_sessions();
-        metrics.active_sessions.set(i64::try_from(sessions).unwrap_or(i64::MAX));
+        let store = self.turns.conversations.store();
+        metrics.active_sessions.set(i64::try_from(store.active_sessions()).unwrap_or(i64::MAX));
+        metrics.store_failovers_seen(store.failovers_seen());
         if self.learned.is_some() {
             metrics.learned_window(WindowEvent::Applied);
         }

@@ -107,6 +107,12 @@ pub trait StateStore<S>: Send + Sync {
     /// tell cheaply; a shared store reports the ones this process has seen lately.
     fn active_sessions(&self) -> usize;
 
+    /// Failovers of the backend this process has seen so far (a shared store's primary
+    /// replaced); a store without failovers keeps the default, none.
+    fn failovers_seen(&self) -> u64 {
+        0
+    }
+
     /// Drops expired conversations now; returns how many. Stores whose backend expires
     /// keys by itself keep the default, which does nothing.
     fn sweep(&self) -> usize {

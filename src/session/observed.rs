@@ -61,6 +61,10 @@ impl<S: Send + Sync + 'static> StateStore<S> for Observed<S> {
         self.inner.active_sessions()
     }
 
+    fn failovers_seen(&self) -> u64 {
+        self.inner.failovers_seen()
+    }
+
     fn sweep(&self) -> usize {
         self.inner.sweep()
     }

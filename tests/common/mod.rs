@@ -24,6 +24,8 @@ use tokio::sync::{mpsc, oneshot};
 pub mod agent;
 pub mod messages_api;
 pub mod redis_server;
+pub mod redis_sharing;
+pub mod redis_topology;
 pub mod responses_api;
 pub mod sessions;
 pub mod tools;

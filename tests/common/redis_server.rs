@@ -12,6 +12,8 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
+    /// Arguments beyond the port and persistence (cluster mode, a primary to follow).
+    extra: Vec<String>,
 }
 
 /// True when `redis-server` can run here (else skipped, or failed under CI).
@@ -19,21 +21,24 @@ pub fn available() -> bool {
     super::tools::tool_available("redis-server", "redis-server")
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl RedisServer {
     /// Starts a server on a free port; `None` (reason printed) when there is none to run.
     pub fn start() -> Option<Self> {
-        if !available() {
-            return None;
-        }
+        available().then(|| Self::start_with(free_port(), Vec::new()))
+    }
+
+    /// Starts a server on `port` with `extra` arguments (the caller checked
+    /// [`available`]).
+    pub fn start_with(port: u16, extra: Vec<String>) -> Self {
         let dir = std::env::temp_dir().join(format!("foldgate-redis-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut server = Self { child: None, port: free_port(), dir };
+        let mut server = Self { child: None, port, dir, extra };
         server.spawn();
-        Some(server)
+        server
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -48,6 +53,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(log)
             .stderr(Stdio::null())
             .spawn()

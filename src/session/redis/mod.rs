@@ -8,20 +8,27 @@
 //! proxy already uses.
 //!
 //! Layout, per conversation (`<p>` is the key prefix, `<key>` the tenant-scoped hash,
-//! never a raw session id or credential):
-//! - `<p>s:<key>`: a hash of `v` (schema version of the state), `rev` (revision, one
+//! never a raw session id or credential). Every key of a conversation carries `{<key>}`,
+//! a hash tag: in Redis Cluster they all live in one hash slot, on one node, so a
+//! request's reads, compare-and-swap and record writes stay single-node operations; the
+//! same layout serves a single server.
+//! - `<p>{<key>}:s`: a hash of `v` (schema version of the state), `rev` (revision, one
 //!   more on every save) and `state` (the state as JSON); it expires `ttl` after last use.
-//! - `<p>l:<key>`: the summarization lease, a random token that expires by itself.
+//! - `<p>{<key>}:l`: the summarization lease, a random token that expires by itself.
 //! - `<p>windows`: context windows learned from providers' overflow errors, a hash of
 //!   model key → tokens (a few entries; expires a week after the last one learned).
 //! - `<p>unserved`: the APIs an upstream answered it does not serve, a set of
 //!   `<api>|<upstream>` (a few entries; expires a week after the last one learned).
 //! - Inspection records (see [`super::record`]), written only when the inspector is on:
-//!   `<p>m:<key>` the summary (a hash of counters), `<p>r:<key>` and `<p>f:<key>` the
-//!   last requests and folds (lists of JSON, trimmed to the history), and `<p>t:<tenant>`
-//!   the set of a tenant's keys; each expires `ttl` after last use. An append is one
-//!   `MULTI` (counters by `HINCRBY`, lists by `RPUSH` and `LTRIM`), so replicas never
-//!   lose each other's entries.
+//!   `<p>{<key>}:m` the summary (a hash of counters), `<p>{<key>}:r` and `<p>{<key>}:f`
+//!   the last requests and folds (lists of JSON, trimmed to the history), and
+//!   `<p>t:<tenant>` the set of a tenant's keys (a slot of its own, written beside the
+//!   record's `MULTI`); each expires `ttl` after last use. An append is one `MULTI`
+//!   (counters by `HINCRBY`, lists by `RPUSH` and `LTRIM`), so replicas never lose each
+//!   other's entries. The operator's list `SCAN`s every primary of a cluster.
+//!
+//! Keys of releases before the hash tags (`<p>s:<key>`, ...) are not read: after an
+//! upgrade conversations start afresh and the old keys expire by themselves.
 //!
 //! A save is one Lua script, a compare-and-swap on `rev`: it writes only if nobody saved
 //! since the revision the writer loaded, so concurrent replicas never lose each other's
@@ -41,7 +48,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use async_trait::async_trait;
 use dashmap::DashMap;
 
@@ -75,11 +81,22 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
+mod connection;
+
+pub use connection::{Connection, Timeouts};
+
+use crate::config::RedisMode;
+
 /// Where the Redis store connects and how it keeps keys.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
-    /// `redis://`, `rediss://`, `valkey://` or `unix://` URL (may carry a password).
-    pub url: String,
+    /// `redis://`, `rediss://`, `valkey://` or `unix://` URLs (may carry a password):
+    /// one server, or the seeds of a cluster, or the sentinels.
+    pub urls: Vec<String>,
+    /// How Redis is deployed.
+    pub mode: RedisMode,
+    /// The primary's name under Sentinel.
+    pub sentinel_master: String,
     /// Prefix of every key.
     pub key_prefix: String,
     /// State of a conversation not used for this long expires.
@@ -97,7 +114,7 @@ pub struct RedisSetupError(String);
 
 /// Conversation state in Redis, shared by every process using the same server and prefix.
 pub struct RedisStore<S> {
-    conn: ConnectionManager,
+    conn: Connection,
     prefix: String,
     ttl_ms: u64,
     timeout: Duration,
@@ -105,6 +122,8 @@ pub struct RedisStore<S> {
     release_script: ::redis::Script,
     /// Set while Redis is unreachable (operations fail at once; a probe runs).
     down: Arc<AtomicBool>,
+    /// Outages of a cluster that ended (a replica took over, or the node came back).
+    cluster_recoveries: Arc<std::sync::atomic::AtomicU64>,
     seen: Seen,
     state: PhantomData<fn() -> S>,
 }
@@ -113,15 +132,14 @@ impl<S> RedisStore<S> {
     /// A store for `options`; connects on first use. Must be called inside a tokio
     /// runtime, which then drives the connection.
     pub fn new(options: &RedisOptions) -> Result<Self, RedisSetupError> {
-        let client = ::redis::Client::open(options.url.as_str())
+        let timeouts = Timeouts {
+            connect: options.timeout.max(Duration::from_secs(1)),
+            response: options.timeout,
+            retry: PROBE_INTERVAL,
+        };
+        let (urls, mode) = (&options.urls, options.mode);
+        let conn = Connection::new(urls, mode, &options.sentinel_master, timeouts)
             // The client's message may quote the URL: name the problem only.
-            .map_err(|e| RedisSetupError(format!("invalid Redis URL ({:?})", e.kind())))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.timeout.max(Duration::from_secs(1))))
-            .set_response_timeout(Some(options.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(PROBE_INTERVAL);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| RedisSetupError(format!("cannot set up the client ({:?})", e.kind())))?;
         Ok(Self {
             conn,
@@ -131,26 +149,44 @@ impl<S> RedisStore<S> {
             save_script: ::redis::Script::new(SAVE),
             release_script: ::redis::Script::new(RELEASE),
             down: Arc::new(AtomicBool::new(false)),
+            cluster_recoveries: Arc::default(),
             seen: Seen::new(options.ttl, options.max_sessions),
             state: PhantomData,
         })
     }
 
+    /// The key of one part of conversation `key`: `s` state, `l` lease, and of its
+    /// inspection record `m` summary, `r` requests, `f` folds. The hash tag keeps every
+    /// part in one cluster slot.
+    fn part_key(&self, part: &str, key: &SessionKey) -> String {
+        format!("{}{{{}}}:{part}", self.prefix, key.as_str())
+    }
+
     fn state_key(&self, key: &SessionKey) -> String {
-        format!("{}s:{}", self.prefix, key.as_str())
+        self.part_key("s", key)
     }
 
     fn lease_key(&self, key: &SessionKey) -> String {
-        format!("{}l:{}", self.prefix, key.as_str())
+        self.part_key("l", key)
     }
 
     /// The key of one part of an inspection record: `m` summary, `r` requests, `f` folds.
     fn record_key(&self, part: &str, key: &SessionKey) -> String {
-        format!("{}{part}:{}", self.prefix, key.as_str())
+        self.part_key(part, key)
     }
 
     fn tenant_key(&self, tenant: &str) -> String {
         format!("{}t:{tenant}", self.prefix)
+    }
+
+    /// The commands that add `key` to its tenant's set (a slot of its own in a cluster,
+    /// so apart from the record's transaction).
+    fn tenant_pipeline(&self, key: &SessionKey, tenant: &str) -> ::redis::Pipeline {
+        let set = self.tenant_key(tenant);
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("SADD").arg(&set).arg(key.as_str()).ignore();
+        pipe.cmd("PEXPIRE").arg(&set).arg(self.ttl_ms).ignore();
+        pipe
     }
 
     /// The commands that add `update` to the record of `key`, as one transaction.
@@ -163,9 +199,6 @@ impl<S> RedisStore<S> {
         pipe.atomic();
         if let Some(tenant) = &update.tenant {
             pipe.cmd("HSETNX").arg(&m).arg("tenant").arg(tenant).ignore();
-            let set = self.tenant_key(tenant);
-            pipe.cmd("SADD").arg(&set).arg(key.as_str()).ignore();
-            pipe.cmd("PEXPIRE").arg(&set).arg(self.ttl_ms).ignore();
         }
         pipe.cmd("HSETNX").arg(&m).arg("first_seen").arg(request.at).ignore();
         pipe.cmd("HSET")
@@ -226,23 +259,45 @@ impl<S> RedisStore<S> {
         Ok(found)
     }
 
-    /// The keys of every stored record (a `SCAN`), at most `max`.
+    /// The keys of every stored record, at most `max`: a `SCAN` of the server, or of
+    /// every primary of a cluster.
     async fn record_keys(&self, max: usize) -> Result<Vec<String>, StoreError> {
-        let pattern = format!("{}m:*", self.prefix);
-        let strip = format!("{}m:", self.prefix);
+        let nodes = match self.conn.primaries().await {
+            Some(primaries) => self.run(async { primaries }).await?.into_iter().map(Some).collect(),
+            None => vec![None],
+        };
         let mut keys = Vec::new();
+        for node in &nodes {
+            self.scan_records(node.as_ref(), max, &mut keys).await?;
+            if keys.len() >= max {
+                break;
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Adds the record keys `SCAN` finds on `node` (any node outside a cluster) to `keys`,
+    /// until there are `max`.
+    async fn scan_records(
+        &self,
+        node: Option<&(String, u16)>,
+        max: usize,
+        keys: &mut Vec<String>,
+    ) -> Result<(), StoreError> {
+        let pattern = format!("{}{{*}}:m", self.prefix);
+        let head = format!("{}{{", self.prefix);
         let mut cursor: u64 = 0;
         loop {
             let mut cmd = ::redis::cmd("SCAN");
             cmd.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
-            let mut conn = self.conn.clone();
-            let (next, batch): (u64, Vec<String>) = self.run(cmd.query_async(&mut conn)).await?;
-            keys.extend(
-                batch.into_iter().filter_map(|k| k.strip_prefix(&strip).map(str::to_owned)),
-            );
+            let (next, batch): (u64, Vec<String>) = self.run(self.conn.query_on(cmd, node)).await?;
+            let found = batch.into_iter().filter_map(|k| {
+                k.strip_prefix(&head).and_then(|k| k.strip_suffix("}:m")).map(str::to_owned)
+            });
+            keys.extend(found);
             cursor = next;
             if cursor == 0 || keys.len() >= max {
-                return Ok(keys);
+                return Ok(());
             }
         }
     }
@@ -263,7 +318,9 @@ impl<S> RedisStore<S> {
         };
         if !self.down.swap(true, Ordering::Relaxed) {
             tracing::warn!(error = %message, "session store: Redis failed; requests go on without stored state until it answers again");
-            tokio::spawn(probe(self.conn.clone(), Arc::downgrade(&self.down), self.timeout));
+            let ended = self.conn.is_cluster().then(|| self.cluster_recoveries.clone());
+            let down = Arc::downgrade(&self.down);
+            tokio::spawn(probe(self.conn.clone(), down, self.timeout, ended));
         }
         Err(StoreError::Unavailable(message))
     }
@@ -271,7 +328,12 @@ impl<S> RedisStore<S> {
 
 /// Pings Redis every [`PROBE_INTERVAL`] until it answers, then ends the outage. A ping
 /// also makes the connection manager reconnect. Ends when the store is dropped.
-async fn probe(mut conn: ConnectionManager, down: Weak<AtomicBool>, timeout: Duration) {
+async fn probe(
+    mut conn: Connection,
+    down: Weak<AtomicBool>,
+    timeout: Duration,
+    ended: Option<Arc<std::sync::atomic::AtomicU64>>,
+) {
     loop {
         tokio::time::sleep(PROBE_INTERVAL).await;
         let Some(flag) = down.upgrade() else { return };
@@ -280,6 +342,9 @@ async fn probe(mut conn: ConnectionManager, down: Weak<AtomicBool>, timeout: Dur
             tokio::time::timeout(timeout, ping.query_async::<String>(&mut conn)).await
         {
             flag.store(false, Ordering::Relaxed);
+            if let Some(ended) = &ended {
+                ended.fetch_add(1, Ordering::Relaxed);
+            }
             tracing::info!("session store: Redis answers again; conversations are shared");
             return;
         }
@@ -350,6 +415,10 @@ impl<S: StoredState + Send + Sync + 'static> StateStore<S> for RedisStore<S> {
 
     fn active_sessions(&self) -> usize {
         self.seen.len()
+    }
+
+    fn failovers_seen(&self) -> u64 {
+        self.conn.primary_changes() + self.cluster_recoveries.load(Ordering::Relaxed)
     }
 
     fn sweep(&self) -> usize {
@@ -436,11 +505,16 @@ impl<S: StoredState + Send + Sync + 'static> RecordStore for RedisStore<S> {
             return;
         }
         let pipe = self.record_pipeline(key, &update);
+        let tenant = update.tenant.as_deref().map(|t| self.tenant_pipeline(key, t));
         let (mut conn, timeout) = (self.conn.clone(), self.timeout);
         tokio::spawn(async move {
-            let written = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
-            if !matches!(written, Ok(Ok(()))) {
-                tracing::debug!("session store: an inspection record entry was not written");
+            for pipe in std::iter::once(pipe).chain(tenant) {
+                let written =
+                    tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::debug!("session store: an inspection record entry was not written");
+                    return;
+                }
             }
         });
     }
