@@ -4,7 +4,9 @@
 //!
 //! A fourth path runs the warm chat path with sessions in a real `redis-server` (started
 //! here on a free port, skipped with the reason printed when there is none) and reports
-//! what Redis adds over the in-memory store, and the bytes stored for the conversation.
+//! what Redis adds over the in-memory store, and the bytes stored for the conversation;
+//! a fifth with sessions in a real Redis Cluster (six `redis-server` processes, three
+//! primaries), beside them.
 //!
 //! Run: `cargo bench --bench chat_overhead` (options: `--rate N`, `--seconds N`;
 //! `BENCH_FOLDGATE_BIN=path` measures another build of foldgate).
@@ -39,6 +41,8 @@ mod foldgate_process;
 mod mock_upstream;
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
+#[path = "../tests/common/redis_topology.rs"]
+mod redis_topology;
 #[path = "../tests/common/tools.rs"]
 mod tools;
 #[path = "support/traces.rs"]
@@ -148,6 +152,15 @@ fn main() {
             ];
             start_foldgate(mock, true, &env)
         });
+        let cluster = redis_topology::RedisCluster::start();
+        let clustered = cluster.as_ref().map(|cluster| {
+            let env = [
+                ("FOLDGATE_SESSION__STORE", "redis".to_owned()),
+                ("FOLDGATE_SESSION__REDIS_MODE", "cluster".to_owned()),
+                ("FOLDGATE_SESSION__REDIS_URL", cluster.urls()),
+            ];
+            start_foldgate(mock, true, &env)
+        });
         let history = traces::conversation(108_000);
         // One distinct request per send: the stored history plus one new exchange.
         let bodies: Vec<Bytes> = (0..(rate * seconds) as usize).map(|turn| body(&history, turn)).collect();
@@ -161,6 +174,9 @@ fn main() {
         ];
         if let Some(shared) = &shared {
             paths.push(("foldgate, compaction warm, Redis store", shared.addr));
+        }
+        if let Some(clustered) = &clustered {
+            paths.push(("foldgate, compaction warm, Redis Cluster store", clustered.addr));
         }
         for &(name, addr) in &paths[2..] {
             warm_up(name, addr, &bodies[0]).await;
@@ -176,17 +192,26 @@ fn main() {
             let run = load(addr, &bodies, "warm", rate, seconds).await;
             let l = &run.latencies;
             println!("| {name} | {:.2} | {:.2} | {:.2} | {} |", pct(l, 0.5), pct(l, 0.99), pct(l, 1.0), run.errors);
-            p99.push(pct(l, 0.99));
+            p99.push((name, pct(l, 0.99)));
         }
+        let p99_of = |wanted: &str| p99.iter().find(|(name, _)| *name == wanted).map(|p| p.1);
+        let p99: Vec<f64> = p99.iter().map(|p| p.1).collect();
         println!(
             "\nadded at p99: compaction off {:.2} ms, compaction warm {:.2} ms (target < 5 ms) at {rate} req/s",
             p99[1] - p99[0],
             p99[2] - p99[0]
         );
-        if let Some(redis_p99) = p99.get(3) {
+        if let Some(redis_p99) = p99_of("foldgate, compaction warm, Redis store") {
             println!(
                 "Redis store over memory store at p99: {:.2} ms (target <= 0.5 ms)",
                 redis_p99 - p99[2]
+            );
+        }
+        if let Some(cluster_p99) = p99_of("foldgate, compaction warm, Redis Cluster store") {
+            println!(
+                "Redis Cluster store over memory store at p99: {:.2} ms, added over direct: {:.2} ms",
+                cluster_p99 - p99[2],
+                cluster_p99 - p99[0]
             );
         }
     });
@@ -196,7 +221,7 @@ fn main() {
 async fn print_stored_sizes(redis: &redis_server::RedisServer) {
     let mut conn = redis.connection().await;
     let keys: Vec<String> =
-        redis::cmd("KEYS").arg("foldgate:s:*").query_async(&mut conn).await.unwrap();
+        redis::cmd("KEYS").arg("foldgate:{*}:s").query_async(&mut conn).await.unwrap();
     for key in keys {
         let state: usize =
             redis::cmd("HSTRLEN").arg(&key).arg("state").query_async(&mut conn).await.unwrap();

@@ -94,10 +94,12 @@ async fn two_replicas_on_a_redis_cluster_share_conversations_through_a_failover(
     };
     replicas_forward_what_one_process_forwards(&cluster.urls(), RedisMode::Cluster).await;
 
-    // Another conversation, concurrent requests on both replicas.
+    // Another conversation, concurrent requests on both replicas, inspected.
     let mock = MockUpstream::start(provider(Duration::ZERO)).await;
-    let a = Proxy::start(replica_on(&mock.url(), &cluster.urls(), RedisMode::Cluster)).await;
-    let b = Proxy::start(replica_on(&mock.url(), &cluster.urls(), RedisMode::Cluster)).await;
+    let mut config = replica_on(&mock.url(), &cluster.urls(), RedisMode::Cluster);
+    config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    let a = Proxy::start(config.clone()).await;
+    let b = Proxy::start(config).await;
     let bodies = long_session();
     let half = bodies.len() / 2;
     let session = "cluster-failover";
@@ -137,6 +139,16 @@ async fn two_replicas_on_a_redis_cluster_share_conversations_through_a_failover(
     assert_ne!(now, primary);
     assert_eq!(cli(now, &["exists", &state_key]).trim(), "1", "state written again");
     assert!(failovers(&[&a, &b]).await >= 1.0, "the failover is counted");
+    // The operator's list walks every primary; the record is whole on its one node.
+    let admin = format!("http://{}/sessions", a.admin_addr.unwrap());
+    let (_, _, list) = send(http::Request::get(&admin).body(full("")).unwrap()).await;
+    let list = json(&list);
+    let keys: Vec<&str> =
+        list["sessions"].as_array().unwrap().iter().map(|s| s["key"].as_str().unwrap()).collect();
+    assert!(keys.contains(&key.as_str()), "{list}");
+    let detail = format!("{admin}/{key}");
+    let (_, _, detail) = send(http::Request::get(&detail).body(full("")).unwrap()).await;
+    assert!(json(&detail)["requests"].as_u64().unwrap() >= 5, "recorded on its one node");
 }
 
 /// Failovers the replicas counted, together.
