@@ -4,8 +4,6 @@
 
 use std::ops::Range;
 
-use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// One member of an object: its name and where its key and value lie in the text.
@@ -36,7 +34,7 @@ impl Object {
         if !text[open..].starts_with('{') {
             return None;
         }
-        let raws: Raws<'_> = serde_json::from_str(text).ok()?;
+        let raws: super::Fields<'_> = serde_json::from_str(text).ok()?;
         let mut members = Vec::with_capacity(raws.0.len());
         let mut after = open + 1;
         for (name, raw) in raws.0 {
@@ -58,29 +56,6 @@ impl Object {
     /// The text of the last member named `name`'s value.
     pub fn value<'t>(&self, text: &'t str, name: &str) -> Option<&'t str> {
         text.get(self.get(name)?.value.clone())
-    }
-}
-
-/// An object's members as borrowed raw values, in order.
-struct Raws<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Raws<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Raws<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raws<'de>, A::Error> {
-                let mut members = Vec::new();
-                while let Some(k) = map.next_key::<String>()? {
-                    members.push((k, map.next_value::<&'de RawValue>()?));
-                }
-                Ok(Raws(members))
-            }
-        }
-        d.deserialize_map(V)
     }
 }
 

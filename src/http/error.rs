@@ -2,7 +2,7 @@
 
 use http::{Response, StatusCode, header};
 
-use super::body::{ProxyBody, full};
+use super::body::{ProxyBody, ReadError, full};
 
 /// An error foldgate answers itself (upstream errors pass through unchanged).
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +47,15 @@ pub enum ProxyError {
     /// foldgate failed to answer a request it serves itself.
     #[error("foldgate could not serve the request: {0}")]
     Internal(String),
+}
+
+impl From<ReadError> for ProxyError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::TooLarge { limit } => Self::BodyTooLarge { limit },
+            ReadError::Body(message) => Self::ClientBody(message),
+        }
+    }
 }
 
 impl ProxyError {

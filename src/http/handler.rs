@@ -13,7 +13,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::body::{BodyProgress, ProxyBody, ReadError, full, read_limited};
+use super::body::{BodyProgress, ProxyBody, full, read_limited};
 use super::dialect::{Dialect, Prepared};
 use super::error::ProxyError;
 use super::overflow;
@@ -49,10 +49,7 @@ pub async fn handle<D: Dialect>(
         return Err(ProxyError::BodyTooLarge { limit: max_body });
     }
     let (parts, body) = request.into_parts();
-    let original = read_limited(body, max_body, progress).await.map_err(|e| match e {
-        ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
-        ReadError::Body(message) => ProxyError::ClientBody(message),
-    })?;
+    let original = read_limited(body, max_body, progress).await?;
     let started = Instant::now();
     let api = dialect.provider_api();
     let provider = &turns.provider;

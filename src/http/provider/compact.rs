@@ -19,7 +19,7 @@ use crate::api::compaction_item::{self, Sealed, open_items};
 use crate::api::{self, ListWriter, Origins};
 use crate::compaction::{FoldWhen, Options, WholeFold};
 use crate::config::ServedBy;
-use crate::http::body::{BodyProgress, ProxyBody, ReadError, full, read_limited};
+use crate::http::body::{BodyProgress, ProxyBody, full, read_limited};
 use crate::http::dialect::Responses;
 use crate::http::error::ProxyError;
 use crate::http::passthrough::{self, build_request, client_response, declared_length};
@@ -49,10 +49,7 @@ pub async fn handle(
         return Err(ProxyError::BodyTooLarge { limit: max_body });
     }
     let (parts, body) = request.into_parts();
-    let body = read_limited(body, max_body, progress).await.map_err(|e| match e {
-        ReadError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
-        ReadError::Body(message) => ProxyError::ClientBody(message),
-    })?;
+    let body = read_limited(body, max_body, progress).await?;
     if !provider.foldgate_serves(API, conversations, upstream.name()) {
         let mut headers = parts.headers.clone();
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
