@@ -220,7 +220,7 @@ const PROXY_OVERHEAD: Spec = Spec {
 
 const UPSTREAM_USAGE_TOKENS: Spec = Spec {
     name: "upstream_usage_tokens_total",
-    help: "Token usage reported by the upstream.",
+    help: "Token usage reported by the upstream, by kind: prompt (all input), uncached (input neither read from nor written to the provider's cache), cached (cache reads), cache_write (cache writes, Anthropic), completion.",
     labels: &["model", "kind"],
 };
 
@@ -412,6 +412,24 @@ pub struct Metrics {
     per_request: PerRequest,
 }
 
+/// An answer's prompt tokens as the provider's cache treated them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptSplit {
+    /// Every prompt token.
+    pub total: u64,
+    /// Read from the cache.
+    pub cache_read: u64,
+    /// Written to the cache.
+    pub cache_write: u64,
+}
+
+impl PromptSplit {
+    /// Neither read from nor written to the cache.
+    pub fn uncached(&self) -> u64 {
+        self.total.saturating_sub(self.cache_read).saturating_sub(self.cache_write)
+    }
+}
+
 /// Metric creation failed (a programming error: duplicate or invalid names).
 #[derive(Debug, thiserror::Error)]
 #[error("metrics: {0}")]
@@ -542,6 +560,17 @@ impl Metrics {
         self.per_request.proxy_overhead[route.index()]
             .get_or_init(|| self.proxy_overhead.with_label_values(&[route.as_str()]))
             .observe(seconds);
+    }
+
+    /// Counts the usage an upstream reported for one answer of `model`: the prompt split
+    /// by what the provider's cache did with it, and the completion.
+    pub fn upstream_usage(&self, model: &str, prompt: PromptSplit, completion: u64) {
+        let counter = |kind: &str| self.upstream_usage_tokens.with_label_values(&[model, kind]);
+        counter("prompt").inc_by(prompt.total);
+        counter("uncached").inc_by(prompt.uncached());
+        counter("cached").inc_by(prompt.cache_read);
+        counter("cache_write").inc_by(prompt.cache_write);
+        counter("completion").inc_by(completion);
     }
 
     /// Brings the store failover counter up to `seen`, the store's own count.

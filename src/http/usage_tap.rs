@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 
 use super::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
-use crate::metrics::{Metrics, model_label};
+use crate::metrics::{Metrics, PromptSplit, model_label};
 
 /// JSON bodies larger than this are not parsed for usage.
 const MAX_JSON: usize = 4 * 1024 * 1024;
@@ -25,8 +25,12 @@ pub struct Usage {
     pub prompt: u64,
     /// `completion_tokens`.
     pub completion: u64,
-    /// `prompt_tokens_details.cached_tokens` (Anthropic: `cache_read_input_tokens`).
+    /// `prompt_tokens_details.cached_tokens` (Anthropic: `cache_read_input_tokens`): the
+    /// prompt tokens read from the provider's cache.
     pub cached: u64,
+    /// Anthropic's `cache_creation_input_tokens`: the prompt tokens written to the cache
+    /// (billed above uncached input). OpenAI reports none.
+    pub cache_write: u64,
 }
 
 /// A `usage` object: chat completions name the counts prompt/completion, the Responses
@@ -58,6 +62,7 @@ impl From<UsageFields> for Usage {
             prompt: u.prompt_tokens.or(u.input_tokens).unwrap_or(0) + read + created,
             completion: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
             cached: details.and_then(|d| d.cached_tokens).unwrap_or(0) + read,
+            cache_write: created,
         }
     }
 }
@@ -170,6 +175,7 @@ impl UsageTap {
                     (Some((mut usage, model)), Some((start, _))) if usage.prompt == 0 => {
                         usage.prompt = start.prompt;
                         usage.cached = start.cached;
+                        usage.cache_write = start.cache_write;
                         Some((usage, model))
                     }
                     (last, start) => last.or(start),
@@ -184,11 +190,12 @@ impl UsageTap {
         }
         if let Some((usage, answered_by)) = found {
             let model = self.model.unwrap_or(answered_by);
-            let counter =
-                |kind: &str| self.metrics.upstream_usage_tokens.with_label_values(&[model, kind]);
-            counter("prompt").inc_by(usage.prompt);
-            counter("completion").inc_by(usage.completion);
-            counter("cached").inc_by(usage.cached);
+            let prompt = PromptSplit {
+                total: usage.prompt,
+                cache_read: usage.cached,
+                cache_write: usage.cache_write,
+            };
+            self.metrics.upstream_usage(model, prompt, usage.completion);
         }
     }
 }
@@ -493,6 +500,8 @@ mod tests {
         assert!(text.contains(&line("prompt", 30)), "{text}");
         assert!(text.contains(&line("completion", 4)));
         assert!(text.contains(&line("cached", 10)));
+        assert!(text.contains(&line("uncached", 20)));
+        assert!(text.contains(&line("cache_write", 0)), "OpenAI reports no cache writes");
     }
 
     #[tokio::test]
@@ -512,12 +521,14 @@ mod tests {
         };
         assert!(text.contains(&line("prompt", 100)), "{text}");
         assert!(text.contains(&line("cached", 50)), "{text}");
+        assert!(text.contains(&line("cache_write", 10)), "{text}");
+        assert!(text.contains(&line("uncached", 40)), "{text}");
         assert!(text.contains(&line("completion", 12)), "{text}");
         // A JSON answer: the cache tokens count as prompt tokens.
-        let json = r#"{"type":"message","usage":{"input_tokens":7,"cache_read_input_tokens":3,"output_tokens":2}}"#;
+        let json = r#"{"type":"message","usage":{"input_tokens":7,"cache_read_input_tokens":3,"cache_creation_input_tokens":5,"output_tokens":2}}"#;
         assert_eq!(
             usage_in(json.as_bytes()).unwrap().0,
-            Usage { prompt: 10, completion: 2, cached: 3 }
+            Usage { prompt: 15, completion: 2, cached: 3, cache_write: 5 }
         );
     }
 
@@ -532,7 +543,7 @@ mod tests {
                 "model" : "gpt-4o-2024-08-06", "usage" : {usage} }} "#
         );
         let (found, model) = usage_in(answer.as_bytes()).unwrap();
-        assert_eq!(found, Usage { prompt: 11, completion: 2, cached: 5 });
+        assert_eq!(found, Usage { prompt: 11, completion: 2, cached: 5, cache_write: 0 });
         assert_eq!(model, model_label("gpt-4o-2024-08-06"));
         // The Responses API puts both under `response`; a null usage counts as absent.
         let event = format!(
