@@ -16,7 +16,7 @@ use crate::http::inspect::Inspector;
 use crate::http::served_by::ProviderApis;
 use crate::http::server::{Listeners, ServerError};
 use crate::http::turn::Turns;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Teams};
 use crate::session::{
     MemoryStore, Observed, RedisOptions, RedisStore, SessionStore, redis::RedisSetupError,
 };
@@ -59,7 +59,10 @@ fn build_pipeline(
     config: &Config,
     compaction_runtime: Option<tokio::runtime::Handle>,
 ) -> Result<(Turns, Arc<Metrics>), AppError> {
-    let metrics = Arc::new(Metrics::new()?);
+    let m = &config.metrics;
+    let teams =
+        (!m.team_header.is_empty()).then(|| Teams::new(&m.team_header, &m.teams, m.max_teams));
+    let metrics = Arc::new(Metrics::new()?.with_teams(teams));
     let store = session_store(config, &metrics)?;
     let summarizers = match config.summarizer.kind {
         SummarizerKind::Extractive => Summarizers::Extractive,

@@ -254,6 +254,12 @@ const STORE_FAILOVERS: Spec = Spec {
     labels: &[],
 };
 
+const TEAM_TOKENS: Spec = Spec {
+    name: "team_tokens_total",
+    help: "Token usage by team (the configured metrics.team_header; `other` past the allow-list or the cap, `none` without the header), by kind: prompt, uncached, cached, cache_write and completion as the upstream reported them, saved by compaction.",
+    labels: &["team", "kind"],
+};
+
 const PROVIDER_COMPACTIONS: Spec = Spec {
     name: "provider_compactions_total",
     help: "Requests of the providers' own compaction APIs (Responses compact and context_management, Anthropic context_management edits) that compacted, by API and by who served them (upstream, foldgate).",
@@ -409,7 +415,57 @@ pub struct Metrics {
     pub provider_compactions: IntCounterVec,
     /// Failovers of the shared session store seen (no labels).
     pub store_failovers: IntCounterVec,
+    /// Token usage by team, when counted by team.
+    pub team_tokens: IntCounterVec,
+    teams: Option<Teams>,
     per_request: PerRequest,
+}
+
+/// The team labels of token usage: a bounded set, whatever clients send. With an
+/// allow-list, its names and `other`; without, the first `cap` values seen and `other`.
+/// A request without the header counts as `none`; a value longer than 64 bytes or with
+/// characters other than letters, digits, `-`, `_` and `.` as `other`.
+#[derive(Debug)]
+pub struct Teams {
+    header: String,
+    allowed: Vec<String>,
+    cap: usize,
+    seen: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<str>>>,
+}
+
+impl Teams {
+    /// Teams named by request header `header`, limited to `allowed` (when not empty) or
+    /// else to the first `cap` seen.
+    pub fn new(header: &str, allowed: &[String], cap: usize) -> Self {
+        Self {
+            header: header.to_ascii_lowercase(),
+            allowed: allowed.to_vec(),
+            cap,
+            seen: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The label of a request whose header is `value`.
+    pub fn label(&self, value: Option<&str>) -> std::sync::Arc<str> {
+        let Some(value) = value.map(str::trim) else { return "none".into() };
+        let well_formed = !value.is_empty()
+            && value.len() <= 64
+            && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        let listed = self.allowed.is_empty() || self.allowed.iter().any(|t| t == value);
+        if !well_formed || !listed || ["none", "other"].contains(&value) {
+            return "other".into();
+        }
+        let Ok(mut seen) = self.seen.lock() else { return "other".into() };
+        if let Some(label) = seen.get(value) {
+            return label.clone();
+        }
+        if self.allowed.is_empty() && seen.len() >= self.cap {
+            return "other".into();
+        }
+        let label: std::sync::Arc<str> = value.into();
+        seen.insert(value.to_owned(), label.clone());
+        label
+    }
 }
 
 /// An answer's prompt tokens as the provider's cache treated them.
@@ -476,6 +532,8 @@ impl Metrics {
             learned_windows: r.counter(&LEARNED_WINDOWS)?,
             provider_compactions: r.counter(&PROVIDER_COMPACTIONS)?,
             store_failovers: r.counter(&STORE_FAILOVERS)?,
+            team_tokens: r.counter(&TEAM_TOKENS)?,
+            teams: None,
             registry,
             per_request: PerRequest::default(),
         }
@@ -573,6 +631,38 @@ impl Metrics {
         counter("completion").inc_by(completion);
     }
 
+    /// These metrics, counting token usage by the team `teams` names.
+    pub fn with_teams(mut self, teams: Option<Teams>) -> Self {
+        self.teams = teams;
+        self
+    }
+
+    /// The request header naming a team, when usage is counted by team.
+    pub fn team_header(&self) -> Option<&str> {
+        self.teams.as_ref().map(|t| t.header.as_str())
+    }
+
+    /// The team label of a request whose team header is `value` (see [`Teams`]); `None`
+    /// when usage is not counted by team.
+    pub fn team(&self, value: Option<&str>) -> Option<std::sync::Arc<str>> {
+        self.teams.as_ref().map(|t| t.label(value))
+    }
+
+    /// Counts `team`'s share of an upstream answer's usage.
+    pub fn team_usage(&self, team: &str, prompt: PromptSplit, completion: u64) {
+        let counter = |kind: &str| self.team_tokens.with_label_values(&[team, kind]);
+        counter("prompt").inc_by(prompt.total);
+        counter("uncached").inc_by(prompt.uncached());
+        counter("cached").inc_by(prompt.cache_read);
+        counter("cache_write").inc_by(prompt.cache_write);
+        counter("completion").inc_by(completion);
+    }
+
+    /// Counts the prompt tokens compaction saved `team`.
+    pub fn team_saved(&self, team: &str, saved: u64) {
+        self.team_tokens.with_label_values(&[team, "saved"]).inc_by(saved);
+    }
+
     /// Brings the store failover counter up to `seen`, the store's own count.
     pub fn store_failovers_seen(&self, seen: u64) {
         let counter = self.store_failovers.with_label_values(&[] as &[&str]);
@@ -652,6 +742,27 @@ impl Metrics {
             per.store_errors[op.index()]
                 .get_or_init(|| self.store_errors.with_label_values(&[op.as_str()]))
                 .inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod team_tests {
+    use super::Teams;
+
+    #[test]
+    fn team_labels_stay_a_bounded_set() {
+        let listed = Teams::new("X-Team", &["a".to_owned()], 10);
+        assert_eq!(&*listed.label(Some("a")), "a");
+        assert_eq!(&*listed.label(Some("b")), "other");
+        assert_eq!(&*listed.label(None), "none");
+        let capped = Teams::new("x-team", &[], 2);
+        assert_eq!(&*capped.label(Some("one")), "one");
+        assert_eq!(&*capped.label(Some("two")), "two");
+        assert_eq!(&*capped.label(Some("three")), "other", "past the cap");
+        assert_eq!(&*capped.label(Some("one")), "one", "a team seen keeps its name");
+        for bad in ["", "spaces here", "none", "other", &"x".repeat(65), "naïve"] {
+            assert_eq!(&*capped.label(Some(bad)), "other", "{bad:?}");
         }
     }
 }

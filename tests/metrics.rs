@@ -197,6 +197,57 @@ async fn cached_prompt_tokens_are_counted() {
         value(&text, "foldgate_upstream_usage_tokens_total", &[("model", "claude"), ("kind", kind)])
     };
     assert_eq!((usage("prompt"), usage("completion"), usage("cached")), (900.0, 5.0, 768.0));
+    assert_eq!((usage("uncached"), usage("cache_write")), (132.0, 0.0));
+}
+
+#[tokio::test]
+async fn token_usage_is_counted_by_team_within_a_bounded_set() {
+    let mock = MockUpstream::start(Arc::new(|_| {
+        Box::pin(async {
+            let mut r = response(
+                200,
+                r#"{"type":"message","usage":{"input_tokens":100,"cache_read_input_tokens":300,"cache_creation_input_tokens":50,"output_tokens":7}}"#,
+            );
+            r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+            r
+        })
+    }))
+    .await;
+    let mut config = chat_config(&mock.url());
+    config.metrics.team_header = "x-team".to_owned();
+    config.metrics.teams = vec!["alpha".to_owned(), "beta".to_owned()];
+    let proxy = Proxy::start(config).await;
+    let body = br#"{"model":"claude-3-5-sonnet","messages":[{"role":"user","content":"hi"}]}"#;
+    for team in [Some("alpha"), Some("alpha"), Some("gamma"), Some("bad team!"), None] {
+        let mut request = post(&proxy.url("/v1/chat/completions"), body.to_vec());
+        if let Some(team) = team {
+            request.headers_mut().insert("x-team", team.parse().unwrap());
+        }
+        assert_eq!(send(request).await.0, StatusCode::OK);
+    }
+    // A passthrough route counts its team too.
+    let mut request = post(&proxy.url("/v1/embeddings"), b"{}".to_vec());
+    request.headers_mut().insert("x-team", "beta".parse().unwrap());
+    send(request).await;
+    let text = scrape(proxy.addr).await;
+    let team =
+        |team, kind| value(&text, "foldgate_team_tokens_total", &[("team", team), ("kind", kind)]);
+    assert_eq!(team("alpha", "prompt"), 900.0);
+    assert_eq!(team("alpha", "uncached"), 200.0);
+    assert_eq!(team("alpha", "cached"), 600.0);
+    assert_eq!(team("alpha", "cache_write"), 100.0);
+    assert_eq!(team("alpha", "completion"), 14.0);
+    assert_eq!(team("other", "prompt"), 900.0, "not on the list, or not a name");
+    assert_eq!(team("none", "prompt"), 450.0, "no header");
+    assert_eq!(team("beta", "prompt"), 450.0);
+    let teams: std::collections::HashSet<String> = text
+        .lines()
+        .filter(|l| l.starts_with("foldgate_team_tokens_total{"))
+        .filter_map(|l| l.split("team=\"").nth(1)?.split('"').next().map(str::to_owned))
+        .collect();
+    let expected: std::collections::HashSet<String> =
+        ["alpha", "beta", "other", "none"].iter().map(|s| (*s).to_owned()).collect();
+    assert_eq!(teams, expected);
 }
 
 #[tokio::test]

@@ -67,11 +67,26 @@ pub struct MetricsConfig {
     pub path: String,
     /// A separate listen address for metrics; unset: served on the proxy's port.
     pub listen: Option<SocketAddr>,
+    /// A request header naming the caller's team (e.g. `x-team`): token usage is then
+    /// also counted by team (`foldgate_team_tokens_total`). Empty: not counted by team.
+    pub team_header: String,
+    /// The teams counted by name; any other value counts as `other`. Empty: the first
+    /// `max_teams` values seen are counted by name.
+    pub teams: Vec<String>,
+    /// With no `teams` list, at most this many teams are counted by name.
+    pub max_teams: usize,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        Self { enabled: true, path: "/metrics".to_owned(), listen: None }
+        Self {
+            enabled: true,
+            path: "/metrics".to_owned(),
+            listen: None,
+            team_header: String::new(),
+            teams: Vec::new(),
+            max_teams: 50,
+        }
     }
 }
 
@@ -298,6 +313,10 @@ impl Config {
         }
         if let Err(e) = tracing_filter_is_valid(&self.log.level) {
             return Err(("log.level", e));
+        }
+        let header = &self.metrics.team_header;
+        if !header.is_empty() && !session::header_name_is_valid(header) {
+            return Err(("metrics.team_header", format!("`{header}` is not a valid header name")));
         }
         if !self.metrics.path.starts_with('/') || self.metrics.path.starts_with("/v1/") {
             return Err((

@@ -135,7 +135,7 @@ impl Default for SummarizerConfig {
 
 impl SessionConfig {
     pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
-        if !http_header_name_is_valid(&self.header) {
+        if !header_name_is_valid(&self.header) {
             return Err((
                 "session.header",
                 format!("`{}` is not a valid header name", self.header),
@@ -178,7 +178,7 @@ impl SummarizerConfig {
 }
 
 /// RFC 9110 token characters, lower case (header names are matched lower-cased).
-fn http_header_name_is_valid(name: &str) -> bool {
+pub(super) fn header_name_is_valid(name: &str) -> bool {
     !name.is_empty()
         && name.bytes().all(|b| {
             b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)

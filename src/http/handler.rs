@@ -22,7 +22,7 @@ use super::provider::answer;
 use super::provider::served::{self, Addition};
 use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
-use super::usage_tap::tapped_with as tapped;
+use super::usage_tap::{tapped_with as tapped, team_of};
 use crate::api::anthropic_edits;
 use crate::config::ServedBy;
 use crate::metrics::Metrics;
@@ -99,6 +99,7 @@ impl<D: Dialect> Exchange<'_, D> {
     async fn run(&self, prepared: Prepared, may_reject: bool) -> Result<Attempt, ProxyError> {
         let Self { dialect, upstream, turns, metrics, parts, started } = *self;
         let headers = forwarded_headers(&parts.headers, prepared.strip_betas);
+        let team = team_of(metrics, &parts.headers);
         let out = Outgoing { dialect, upstream, metrics, parts, headers: &headers };
         // The headers as forwarded: digest calls pass them on, betas foldgate serves off.
         let turn = turns.begin(dialect, upstream.name(), &headers, &prepared.body, metrics);
@@ -106,7 +107,8 @@ impl<D: Dialect> Exchange<'_, D> {
             // A body foldgate does not understand goes as it is; the upstream answers.
             record_untaken(metrics, dialect.route(), Outcome::NotChat);
             let response = out.send(started, prepared.body).await?;
-            return Ok(Attempt::Answered(tapped(client_response(response), metrics, None, None)));
+            let response = tapped(client_response(response), metrics, None, team, None);
+            return Ok(Attempt::Answered(response));
         };
         let addition = match &prepared.served {
             Some(served) => served::serve(&mut turn, served, &turns.provider, metrics).await,
@@ -117,8 +119,8 @@ impl<D: Dialect> Exchange<'_, D> {
             return Ok(Attempt::Answered(turn.finish(answer::local(body, events))));
         }
         let response = out.send(started, turn.body()).await?;
-        let response =
-            tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage());
+        let (model, on_usage) = (Some(turn.model()), turn.on_usage());
+        let response = tapped(client_response(response), metrics, model, team.clone(), on_usage);
         // No byte has reached the client yet: an overflow can be retried once, deeper
         // compacted; the client then gets only the retry's answer.
         let first = overflow::read(dialect, response, turn.retryable()).await;
@@ -135,7 +137,8 @@ impl<D: Dialect> Exchange<'_, D> {
             Some(retry) => {
                 drop(first);
                 let response = out.send(retry.started, retry.body).await?;
-                tapped(client_response(response), metrics, Some(turn.model()), turn.on_usage())
+                let (model, on_usage) = (Some(turn.model()), turn.on_usage());
+                tapped(client_response(response), metrics, model, team, on_usage)
             }
         };
         let response = turn.finish(response);

@@ -11,7 +11,7 @@ use super::body::{BodyProgress, Limited, ProxyBody, boxed};
 use super::error::ProxyError;
 use super::headers::strip_hop_by_hop;
 use super::upstream::{Upstream, UpstreamBody};
-use super::usage_tap::tapped;
+use super::usage_tap::{tapped, team_of};
 use crate::metrics::{Metrics, Route};
 
 /// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the
@@ -27,6 +27,7 @@ pub async fn forward(
     if declared_length(request.headers()).is_some_and(|len| len > max_body) {
         return Err(ProxyError::BodyTooLarge { limit: max_body });
     }
+    let team = team_of(metrics, request.headers());
     let (parts, body) = request.into_parts();
     let body = boxed(Limited::new(body, max_body, progress.clone()));
     let outgoing = upstream_request(upstream, parts, body)?;
@@ -35,7 +36,7 @@ pub async fn forward(
     let result = upstream.send(outgoing).await;
     metrics.observe_upstream_ttfb(Route::Passthrough, sent.elapsed().as_secs_f64());
     match result {
-        Ok(response) => Ok(tapped(client_response(response), metrics, None)),
+        Ok(response) => Ok(tapped(client_response(response), metrics, None, team)),
         Err(_) if progress.exceeded() => Err(ProxyError::BodyTooLarge { limit: max_body }),
         Err(e) => Err(e),
     }

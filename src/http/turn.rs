@@ -16,7 +16,7 @@ use super::body::ProxyBody;
 use super::dialect::Dialect;
 use super::inspect::Inspector;
 use super::served_by::ProviderApis;
-use super::usage_tap::OnUsage;
+use super::usage_tap::{OnUsage, team_of};
 use crate::compaction::{FoldWhen, Options, Report, WholeFold};
 use crate::conversation::{Caller, Conversations, Decision, Overflow};
 use crate::learned::model_key;
@@ -353,6 +353,9 @@ impl<D: Dialect> Turn<'_, D> {
         let forwarded =
             if decision.rewritten.is_some() { report.tokens_after as u64 } else { before };
         metrics.prompt_tokens(route, self.model, before, forwarded);
+        if let Some(team) = team_of(metrics, self.headers) {
+            metrics.team_saved(&team, before.saturating_sub(forwarded));
+        }
         if decision.outcome.engine_compacted() && before > 0 {
             metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
             metrics.fold_wait.observe(decision.fold_wait.as_secs_f64());

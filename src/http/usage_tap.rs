@@ -94,6 +94,8 @@ pub struct UsageTap {
     format: Format,
     metrics: Arc<Metrics>,
     model: Option<&'static str>,
+    /// The team label of the request (see [`team_of`]), when usage is counted by team.
+    team: Option<Arc<str>>,
     on_usage: Option<OnUsage>,
 }
 
@@ -107,7 +109,7 @@ impl UsageTap {
         metrics: Arc<Metrics>,
         model: Option<&'static str>,
     ) -> Observed<Self> {
-        Self::wrap_with(inner, content_type, encoded, metrics, model, None)
+        Self::wrap_with(inner, content_type, encoded, metrics, model, None, None)
     }
 
     /// [`UsageTap::wrap`], also handing the usage found to `on_usage` at the end.
@@ -117,6 +119,7 @@ impl UsageTap {
         encoded: bool,
         metrics: Arc<Metrics>,
         model: Option<&'static str>,
+        team: Option<Arc<str>>,
         on_usage: Option<OnUsage>,
     ) -> Observed<Self> {
         let format = match content_type.unwrap_or("") {
@@ -127,7 +130,7 @@ impl UsageTap {
             t if t.starts_with("application/json") => Format::Json { frames: Vec::new(), len: 0 },
             _ => Format::Ignored,
         };
-        Observed::new(inner, Self { format, metrics, model, on_usage })
+        Observed::new(inner, Self { format, metrics, model, team, on_usage })
     }
 
     fn observe(&mut self, data: &Bytes) {
@@ -196,6 +199,9 @@ impl UsageTap {
                 cache_write: usage.cache_write,
             };
             self.metrics.upstream_usage(model, prompt, usage.completion);
+            if let Some(team) = &self.team {
+                self.metrics.team_usage(team, prompt, usage.completion);
+            }
         }
     }
 }
@@ -351,8 +357,9 @@ pub fn tapped(
     response: http::Response<ProxyBody>,
     metrics: &Arc<Metrics>,
     model: Option<&'static str>,
+    team: Option<Arc<str>>,
 ) -> http::Response<ProxyBody> {
-    tapped_with(response, metrics, model, None)
+    tapped_with(response, metrics, model, team, None)
 }
 
 /// [`tapped`], also handing the usage found to `on_usage` when the body ends.
@@ -360,6 +367,7 @@ pub fn tapped_with(
     response: http::Response<ProxyBody>,
     metrics: &Arc<Metrics>,
     model: Option<&'static str>,
+    team: Option<Arc<str>>,
     on_usage: Option<OnUsage>,
 ) -> http::Response<ProxyBody> {
     let headers = response.headers();
@@ -373,10 +381,19 @@ pub fn tapped_with(
             encoded,
             metrics.clone(),
             model,
+            team,
             on_usage,
         );
         http_body_util::BodyExt::boxed_unsync(tap)
     })
+}
+
+/// The team label of a request: the value of the configured team header
+/// (`metrics.team_header`), bounded by [`Metrics::team`]; `None` when usage is not
+/// counted by team.
+pub fn team_of(metrics: &Metrics, headers: &http::HeaderMap) -> Option<Arc<str>> {
+    let header = metrics.team_header()?;
+    metrics.team(headers.get(header).and_then(|v| v.to_str().ok()))
 }
 
 #[cfg(test)]
