@@ -158,6 +158,12 @@ const PROMPT_TOKENS_BEFORE: Spec = Spec {
     labels: &["route", "model"],
 };
 
+const PROMPT_TOKENS_REWRITTEN: Spec = Spec {
+    name: "prompt_tokens_rewritten_total",
+    help: "Prompt tokens forwarded from the first message where compaction made the prompt differ from the conversation as last forwarded: what the provider writes to its cache again (billed as cache writes where the provider bills them).",
+    labels: &["route", "model"],
+};
+
 const PROMPT_TOKENS_AFTER: Spec = Spec {
     name: "prompt_tokens_after_total",
     help: "Prompt tokens of requests of compacted routes as forwarded.",
@@ -415,6 +421,8 @@ pub struct Metrics {
     pub provider_compactions: IntCounterVec,
     /// Failovers of the shared session store seen (no labels).
     pub store_failovers: IntCounterVec,
+    /// Prompt tokens compaction made the provider write to its cache again.
+    pub prompt_tokens_rewritten: IntCounterVec,
     /// Token usage by team, when counted by team.
     pub team_tokens: IntCounterVec,
     teams: Option<Teams>,
@@ -533,6 +541,7 @@ impl Metrics {
             provider_compactions: r.counter(&PROVIDER_COMPACTIONS)?,
             store_failovers: r.counter(&STORE_FAILOVERS)?,
             team_tokens: r.counter(&TEAM_TOKENS)?,
+            prompt_tokens_rewritten: r.counter(&PROMPT_TOKENS_REWRITTEN)?,
             teams: None,
             registry,
             per_request: PerRequest::default(),
@@ -702,6 +711,12 @@ impl Metrics {
         self.prompt_tokens_before.with_label_values(&labels).inc_by(before);
         self.prompt_tokens_after.with_label_values(&labels).inc_by(forwarded);
         self.tokens_saved.with_label_values(&labels).inc_by(before.saturating_sub(forwarded));
+    }
+
+    /// Counts `tokens` of a compacted request's prompt the provider caches again (see
+    /// [`Metrics::prompt_tokens_rewritten`]).
+    pub fn prompt_rewritten(&self, route: Route, model: &str, tokens: u64) {
+        self.prompt_tokens_rewritten.with_label_values(&[route.as_str(), model]).inc_by(tokens);
     }
 
     /// Counts one compaction by highest tier applied and outcome.

@@ -149,6 +149,44 @@ async fn a_compacted_request_counts_tokens_saved_as_before_minus_after() {
 }
 
 #[tokio::test]
+async fn a_fold_counts_the_prompt_it_makes_the_provider_cache_again_and_reuse_none() {
+    let stats = Arc::new(ProviderStats::default());
+    let mock = MockUpstream::start(provider(stats)).await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let rewritten = |text: &str| value(text, "foldgate_prompt_tokens_rewritten_total", &[]);
+    // The first request over the trigger folds: from the fold on, the prompt is new.
+    let all = requests(&conversation(31, 0), &[]);
+    let (status, headers, _) =
+        send(chat_request(&proxy, all[all.len() - 2].clone(), "Bearer k", "c")).await;
+    assert_eq!(
+        (status, headers["x-foldgate-outcome"].to_str().unwrap()),
+        (StatusCode::OK, "compacted")
+    );
+    let after = header_num(&headers, "x-foldgate-tokens-after");
+    let first = rewritten(&scrape(proxy.addr).await);
+    assert!(first > 0.0 && first <= after, "{first} of {after}");
+    // Sent again, it applies the fold its first request summarized in the background
+    // (the prompt changes once more), then forwards the stored fold byte for byte
+    // (tier 0): that rewrites nothing.
+    let mut reused = false;
+    for _ in 0..5 {
+        let before = rewritten(&scrape(proxy.addr).await);
+        let (_, headers, _) =
+            send(chat_request(&proxy, all[all.len() - 2].clone(), "Bearer k", "c")).await;
+        if headers["x-foldgate-tier"] == "0" {
+            assert_eq!(
+                rewritten(&scrape(proxy.addr).await),
+                before,
+                "a reused fold rewrites nothing"
+            );
+            reused = true;
+            break;
+        }
+    }
+    assert!(reused, "the stored fold was reused");
+}
+
+#[tokio::test]
 async fn upstream_usage_is_read_from_json_and_from_streamed_responses() {
     let stats = Arc::new(ProviderStats::default());
     let mock = MockUpstream::start(provider(stats)).await;

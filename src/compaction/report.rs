@@ -71,6 +71,10 @@ pub struct Report {
     pub rereads: usize,
     /// The forwarded prompt fits `window - reserve`.
     pub fits: bool,
+    /// Prompt tokens forwarded from the first message where this request's compaction
+    /// made the prompt differ from the conversation as last forwarded (with what the
+    /// client added since): what the provider writes to its cache again.
+    pub rewritten_tokens: usize,
 }
 
 impl Report {
@@ -110,6 +114,7 @@ impl Report {
             artifact_recall: None,
             rereads: 0,
             fits: true,
+            rewritten_tokens: 0,
         }
     }
 

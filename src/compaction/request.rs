@@ -85,6 +85,10 @@ pub(super) struct Pass<'a> {
     counter: Counter<'a>,
     plan: Plan,
     report: Report,
+    /// The conversation as last forwarded with what the client added since, once the
+    /// request is over the trigger: where this request's prompt first differs from it,
+    /// the provider's cache is written again.
+    previous: Option<Forwarded>,
 }
 
 /// What the request's phases share once it is over the trigger.
@@ -132,6 +136,7 @@ impl<'a> Pass<'a> {
             counter,
             plan,
             report,
+            previous: None,
         })
     }
 
@@ -153,7 +158,9 @@ impl<'a> Pass<'a> {
         let unelided = self.elide(tail0)?;
         self.fold_or_postpone(tail0, unelided, &over).await?;
         self.goal_batch(&over).await?;
-        self.fallback()
+        self.fallback()?;
+        self.previous = Some(previous);
+        Ok(())
     }
 
     /// Where the stored blocks end.
@@ -482,6 +489,10 @@ impl<'a> Pass<'a> {
         *self.stored.cut_postponed = self.report.fold_postponed && !self.stored.cut.is_empty();
         let forwarded = self.plan.messages();
         self.report.account(&self.plan, msgs.len());
+        if let Some(previous) = &self.previous {
+            self.report.rewritten_tokens =
+                rewritten(&forwarded, &previous.messages, &mut self.counter);
+        }
         let report = self.report;
         if same_messages(&forwarded, msgs) {
             return Ok(Outcome::Unchanged { report });
@@ -489,6 +500,23 @@ impl<'a> Pass<'a> {
         let out = request.with_messages(forwarded);
         Ok(Outcome::Compacted { body: out.to_vec(), request: out, report })
     }
+}
+
+/// The tokens of `forwarded` from the first message that differs from `previous` (the
+/// conversation as last forwarded, with what the client added since) on: what the
+/// provider writes to its cache again because of this request's compaction. None when
+/// `previous` is a prefix of `forwarded`.
+fn rewritten(
+    forwarded: &[Arc<Message>],
+    previous: &[Arc<Message>],
+    counter: &mut Counter<'_>,
+) -> usize {
+    let same = |(a, b): (&Arc<Message>, &Arc<Message>)| a.hash() == b.hash() && a.raw() == b.raw();
+    let common = forwarded.iter().zip(previous).take_while(|&pair| same(pair)).count();
+    if common >= previous.len() {
+        return 0;
+    }
+    forwarded[common..].iter().map(|m| counter.message(m)).sum()
 }
 
 /// True when `a` and `b` are byte-identical messages, in order.

@@ -159,6 +159,10 @@ fn whole_fold(
     report.summarizer = Some(block.summarizer.clone());
     report.summarizer_error = done.error.clone();
     report.artifact_recall = block.artifact_recall;
+    // The prompt is the same up to the first message the fold did not keep in place.
+    let common = block.verbatim.iter().enumerate().take_while(|(j, i)| j == *i).count();
+    let kept_after: usize = block.verbatim[common..].iter().map(|&i| m.tokens[i]).sum();
+    report.rewritten_tokens = kept_after + digest_tokens;
     Ok(WholeFold {
         report,
         tokens_before: m.tokens_before,

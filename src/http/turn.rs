@@ -356,6 +356,9 @@ impl<D: Dialect> Turn<'_, D> {
         if let Some(team) = team_of(metrics, self.headers) {
             metrics.team_saved(&team, before.saturating_sub(forwarded));
         }
+        if decision.rewritten.is_some() {
+            metrics.prompt_rewritten(route, self.model, report.rewritten_tokens as u64);
+        }
         if decision.outcome.engine_compacted() && before > 0 {
             metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
             metrics.fold_wait.observe(decision.fold_wait.as_secs_f64());

@@ -43,6 +43,8 @@ pub struct RequestEntry {
     pub retried: bool,
     /// The provider's compaction API foldgate served on it, when it changed the request.
     pub api: Option<ProviderApi>,
+    /// Prompt tokens the provider caches again because of its compaction.
+    pub rewritten: u32,
 }
 
 /// A fold block, as recorded by the request that made it.

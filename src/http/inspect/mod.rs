@@ -73,6 +73,9 @@ impl Inspector {
                 true => small(report.tokens_after),
             };
             request.tier = report.tier.number();
+            if decision.rewritten.is_some() {
+                request.rewritten = small(report.rewritten_tokens);
+            }
             request.messages = small(report.messages_before);
             if request.outcome != Outcome::Passthrough {
                 request.dropped = small(report.dropped);
