@@ -476,6 +476,17 @@ impl Teams {
     }
 }
 
+/// Counts one answer's usage into `counters`, labelled `first` (a model, a team) and the
+/// kind of tokens: the prompt whole and split by cache use, the completion.
+fn count_usage(counters: &IntCounterVec, first: &str, prompt: PromptSplit, completion: u64) {
+    let counter = |kind: &str| counters.with_label_values(&[first, kind]);
+    counter("prompt").inc_by(prompt.total);
+    counter("uncached").inc_by(prompt.uncached());
+    counter("cached").inc_by(prompt.cache_read);
+    counter("cache_write").inc_by(prompt.cache_write);
+    counter("completion").inc_by(completion);
+}
+
 /// An answer's prompt tokens as the provider's cache treated them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PromptSplit {
@@ -632,12 +643,7 @@ impl Metrics {
     /// Counts the usage an upstream reported for one answer of `model`: the prompt split
     /// by what the provider's cache did with it, and the completion.
     pub fn upstream_usage(&self, model: &str, prompt: PromptSplit, completion: u64) {
-        let counter = |kind: &str| self.upstream_usage_tokens.with_label_values(&[model, kind]);
-        counter("prompt").inc_by(prompt.total);
-        counter("uncached").inc_by(prompt.uncached());
-        counter("cached").inc_by(prompt.cache_read);
-        counter("cache_write").inc_by(prompt.cache_write);
-        counter("completion").inc_by(completion);
+        count_usage(&self.upstream_usage_tokens, model, prompt, completion);
     }
 
     /// These metrics, counting token usage by the team `teams` names.
@@ -659,12 +665,7 @@ impl Metrics {
 
     /// Counts `team`'s share of an upstream answer's usage.
     pub fn team_usage(&self, team: &str, prompt: PromptSplit, completion: u64) {
-        let counter = |kind: &str| self.team_tokens.with_label_values(&[team, kind]);
-        counter("prompt").inc_by(prompt.total);
-        counter("uncached").inc_by(prompt.uncached());
-        counter("cached").inc_by(prompt.cache_read);
-        counter("cache_write").inc_by(prompt.cache_write);
-        counter("completion").inc_by(completion);
+        count_usage(&self.team_tokens, team, prompt, completion);
     }
 
     /// Counts the prompt tokens compaction saved `team`.
