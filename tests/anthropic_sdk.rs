@@ -365,11 +365,33 @@ async fn a_conversation_s_token_ratio_follows_it_to_every_replica() {
         let mut config = calibration_config(&anthropic);
         config.session.store = foldgate::config::StoreKind::Redis;
         config.session.redis_url = foldgate::config::SecretUrl::new(redis.url());
+        // The test's runtime also counts tokens (in a debug build): a store operation
+        // must not time out behind it, or the calibration it carries is dropped.
+        config.session.redis_timeout = std::time::Duration::from_secs(5);
         config
     };
     let (a, b) = (Proxy::start(replica()).await, Proxy::start(replica()).await);
     let body = serde_json::to_vec(&params(30)).unwrap();
     assert_eq!(outcome_in(&a, "dense", &body).await, "passthrough");
+    // The ratio is measured when a's answer ends and saved in the background: wait until
+    // the conversation's stored state holds it.
+    let mut conn = redis.connection().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg("foldgate:{*}:s").query_async(&mut conn).await.unwrap();
+        let mut measured = false;
+        for key in keys {
+            let state: Option<String> =
+                redis::cmd("HGET").arg(&key).arg("state").query_async(&mut conn).await.unwrap();
+            measured |= state.is_some_and(|s| s.contains("\"token_ratio\":{"));
+        }
+        if measured {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the ratio never reached Redis");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     // Replica b never saw an answer for this model: the ratio comes with the session.
     assert_eq!(outcome_in(&b, "dense", &body).await, "compacted");
 }
