@@ -26,19 +26,10 @@ pub struct WholeFold {
     pub digest: String,
     /// The digest as a neutral message (an assistant message of that text).
     pub message: Arc<Message>,
-    /// Prompt tokens of the request as received.
-    pub tokens_before: usize,
-    /// Prompt tokens of the kept messages and the digest.
-    pub tokens_after: usize,
     /// Tokens of the digest message.
     pub digest_tokens: usize,
-    /// Messages folded into the digest.
-    pub folded: usize,
-    /// What wrote the digest (`llm`, `extractive`).
-    pub summarizer: String,
-    /// The summarizer's error when the extractive digest stands in.
-    pub error: Option<String>,
-    /// The report of the fold, as of any compacted request.
+    /// The report of the fold, as of any compacted request: tokens before and after,
+    /// messages folded, who wrote the digest and the summarizer's error.
     pub report: Report,
 }
 
@@ -156,25 +147,14 @@ fn whole_fold(
     report.folded = m.folded;
     report.messages_after = block.verbatim.len() + 1;
     report.blocks_new = 1;
-    report.summarizer = Some(block.summarizer.clone());
-    report.summarizer_error = done.error.clone();
+    report.summarizer = Some(block.summarizer);
+    report.summarizer_error = done.error;
     report.artifact_recall = block.artifact_recall;
     // The prompt is the same up to the first message the fold did not keep in place.
     let common = block.verbatim.iter().enumerate().take_while(|(j, i)| j == *i).count();
     let kept_after: usize = block.verbatim[common..].iter().map(|&i| m.tokens[i]).sum();
     report.rewritten_tokens = kept_after + digest_tokens;
-    Ok(WholeFold {
-        report,
-        tokens_before: m.tokens_before,
-        tokens_after,
-        digest: message.text(),
-        message,
-        kept: block.verbatim,
-        digest_tokens,
-        folded: m.folded,
-        summarizer: block.summarizer,
-        error: done.error,
-    })
+    Ok(WholeFold { report, digest: message.text(), message, kept: block.verbatim, digest_tokens })
 }
 
 #[cfg(test)]
@@ -210,10 +190,10 @@ mod tests {
         let fold = engine.fold_whole(&request, &summarizer, &opts, FoldWhen::Always).await;
         let fold = fold.unwrap().unwrap();
         assert_eq!(fold.kept, vec![0, 1, 14], "system, task and the last user message");
-        assert_eq!(fold.folded, 12);
+        assert_eq!(fold.report.folded, 12);
         assert!(fold.digest.starts_with(DIGEST_MARKER));
         assert!(fold.digest.contains("src/m5.rs"), "the work trail: {}", fold.digest);
-        assert!(fold.tokens_after < fold.tokens_before);
+        assert!(fold.report.tokens_after < fold.report.tokens_before);
         let folded = fold.request(&request);
         assert_eq!(folded.messages().len(), 4);
         assert!(folded.messages()[3].is_digest());

@@ -22,17 +22,6 @@ pub struct ProviderApis {
     pub sealer: Sealer,
 }
 
-impl Default for ProviderApis {
-    fn default() -> Self {
-        Self {
-            responses_compact: ServedBy::Auto,
-            responses_context: ServedBy::Auto,
-            messages_context: ServedBy::Auto,
-            sealer: Sealer::generated(),
-        }
-    }
-}
-
 impl ProviderApis {
     /// How `api` is configured.
     pub fn served_by(&self, api: ProviderApi) -> ServedBy {

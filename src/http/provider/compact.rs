@@ -151,7 +151,8 @@ fn answer(
     debug_assert!(digest.is_empty() || digest.starts_with(DIGEST_MARKER));
     let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
     output.push(compaction_item::item(&id, &sealer.seal(&Sealed { digest })).as_bytes());
-    let (input_tokens, output_tokens) = fold.map_or((0, 0), |f| (f.tokens_before, f.digest_tokens));
+    let (input_tokens, output_tokens) =
+        fold.map_or((0, 0), |f| (f.report.tokens_before, f.digest_tokens));
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let usage = serde_json::json!({
         "input_tokens": input_tokens,

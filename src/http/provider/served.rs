@@ -109,7 +109,7 @@ async fn messages_edits<D: Dialect>(
     let summary = fold.digest.strip_prefix(DIGEST_MARKER).unwrap_or(&fold.digest).trim_start();
     let compaction = CompactionAnswer {
         summary: summary.to_owned(),
-        input_tokens: fold.tokens_before as u64,
+        input_tokens: fold.report.tokens_before as u64,
         output_tokens: fold.digest_tokens as u64,
     };
     if compact.pause_after_compaction {
