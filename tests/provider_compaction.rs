@@ -275,6 +275,13 @@ async fn an_item_sealed_by_one_replica_opens_on_another_sharing_redis() {
     assert_eq!(status, 200);
     let users: Vec<Value> = session_items(20).into_iter().filter(|i| i["role"] == "user").collect();
     assert_opened(mock.forwarded().last().unwrap().body.as_ref(), &users);
+    // What replica a learned (the upstream has no /responses/compact) reaches b through
+    // the store, read back every 5 s: b answers a compact request without asking.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let (status, _, _) = send(post(&b.url("/v1/responses/compact"), body.to_string())).await;
+    assert_eq!(status, 200);
+    let asked = mock.recorded().iter().filter(|r| r.uri.path().ends_with("/compact")).count();
+    assert_eq!(asked, 1, "only replica a asked the upstream");
 }
 
 /// An Anthropic-compatible provider without context management: the field, or its beta
