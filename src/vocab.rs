@@ -144,6 +144,18 @@ impl Serialize for Tier {
     }
 }
 
+/// What compaction did to some of a request's messages, as reports and records name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// Content replaced by a stub that says what was there (tier 1).
+    Elided,
+    /// Replaced by a digest (tier 2, or 3 for a goal history).
+    Folded,
+    /// Not forwarded in any form (tier 4).
+    Dropped,
+}
+
 /// Why a summarizer call failed: a small closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureReason {
