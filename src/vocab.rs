@@ -94,13 +94,14 @@ pub enum Tier {
     /// 0: nothing new taken out; stored fold blocks, if any, reused.
     #[default]
     Reuse = 0,
-    /// 1: tool output and old content elided to stubs.
+    /// 1: tool output replaced by stubs (by the elide tier or the fallback cut), nothing
+    /// dropped.
     Elide = 1,
     /// 2: old turns folded into a digest.
     Fold = 2,
     /// 3: old digests and turns batched under the goal.
     GoalBatch = 3,
-    /// 4: the fallback cut.
+    /// 4: messages forwarded in no form (the fallback cut dropped them).
     Fallback = 4,
 }
 

@@ -21,7 +21,8 @@ pub struct Report {
     pub tokens_before_exact: bool,
     /// Prompt tokens of the forwarded request.
     pub tokens_after: usize,
-    /// Highest tier applied.
+    /// Highest tier applied: the deepest of the folds made and of the changes forwarded
+    /// (see [`super::changes`]).
     pub tier: Tier,
     /// The call was forced (below the trigger).
     pub forced: bool,
@@ -52,7 +53,7 @@ pub struct Report {
     /// folds already made (and no new elision), for the caller to summarize the fold in
     /// the background and apply it to a later request.
     pub fold_postponed: bool,
-    /// The previous request's cut was applied again (tier 4 without a new cut).
+    /// The previous request's cut was applied again (no new cut made).
     pub cut_reused: bool,
     /// Stored blocks a new block took the place of (its digest carries theirs): the
     /// forwarded prefix changes from their first digest on.

@@ -442,6 +442,7 @@ fn log_decision(decision: &Decision, retry: bool) {
         outcome = decision.outcome.as_str(),
         retry,
         tier = report.tier.number(),
+        why = %report.why(),
         tokens_before = report.tokens_before,
         tokens_after = report.tokens_after,
         folded = report.folded,
