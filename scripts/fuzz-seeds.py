@@ -41,7 +41,10 @@ def main():
             seeds["session_key"].append(b"authorization: Bearer sk-a\x1fx-session-id: s1\n" + chat)
             seeds["session_key"].append(b"x-api-key: k\n" + chat)
             seeds["responses_request"].append(json.dumps(responses_body(body)).encode())
-            seeds["messages_request"].append(json.dumps(messages_body(body)).encode())
+            anthropic = messages_body(body)
+            seeds["messages_request"].append(json.dumps(anthropic).encode())
+            anthropic["context_management"] = {"edits": EDITS}
+            seeds["anthropic_edits"].append(json.dumps(anthropic).encode())
     for name, samples in SAMPLES.items():
         seeds[name].extend(samples)
     for name, inputs in seeds.items():
@@ -163,6 +166,14 @@ SEALED = (b'{"model":"gpt-4.1","input":[{"type":"message","role":"user","content
           b'{"type":"message","role":"user","content":"go on"}],'
           b'"context_management":[{"type":"compaction","compact_threshold":1000}]}')
 
+EDITS = [
+    {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}},
+    {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 10},
+     "keep": {"type": "tool_uses", "value": 1}, "clear_at_least": {"type": "input_tokens", "value": 1},
+     "exclude_tools": ["t"], "clear_tool_inputs": True},
+    {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000}},
+]
+
 SAMPLES = {
     "sse_events": [control(CHAT_STREAM), control(RESPONSES_STREAM), control(ANTHROPIC_STREAM),
                    control(b": comment\n\nevent: e\ndata: a\ndata: b\n\n")],
@@ -175,6 +186,9 @@ SAMPLES = {
                      bytes([7, 0, 3, 0, 8, 0, 1, 0]), b"{}", b'{"blocks":[],"cut":[]}'],
     "compaction_item": [SEALED, b'{"input":[],"context_management":null}'],
     "outline": [], "chat_request": [], "responses_request": [SEALED], "messages_request": [],
+    "event_stream": [control(RESPONSES_STREAM), control(RESPONSES_STREAM.replace(b"\n", b"\r\n"), b"\x02\x01\x09"),
+                     control(CHAT_JSON)],
+    "anthropic_edits": [],
 }
 TARGETS = list(SAMPLES)
 

@@ -12,7 +12,10 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
+use foldgate::api::anthropic_edits::{self, apply_clearing, without_context_management};
 use foldgate::api::compaction_item::{Sealer, open_items, take_context_management};
+use foldgate::api::event_stream::{Flow, Rewriting};
+use foldgate::api::responses_output::OutputItemInjector;
 use foldgate::compaction::check::verify;
 use foldgate::compaction::{Engine, Options, Outcome, SessionState};
 use foldgate::config::CompactionConfig;
@@ -44,6 +47,8 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("session_key", session_key),
     ("stored_state", stored_state),
     ("compaction_item", compaction_item),
+    ("event_stream", event_stream),
+    ("anthropic_edits", anthropic_edits),
 ];
 
 /// The input's first bytes (up to eight) as chunk sizes, cycled, and the rest as the
@@ -404,4 +409,72 @@ pub fn compaction_item(data: &[u8]) {
             "the body without context_management is JSON"
         );
     }
+}
+
+/// The rewriters of answers foldgate changes (a Responses stream getting its compaction
+/// item first): the output is the same however the upstream's stream is split, and the
+/// block driver alone, changing nothing, passes every byte through.
+pub fn event_stream(data: &[u8]) {
+    let (sizes, stream) = split(data);
+    let ends = chunk_ends(&sizes, stream.len());
+    let item = r#"{"type":"compaction","id":"cmp_1","encrypted_content":"fgc1.x"}"#;
+    let run = |ends: &[usize]| {
+        let mut injector = OutputItemInjector::new(item.to_owned());
+        let mut driver = Rewriting::default();
+        let (mut injected, mut passed, mut start) = (Vec::new(), Vec::new(), 0);
+        for &end in ends {
+            injected.extend(injector.push(&stream[start..end]));
+            passed.extend(driver.push(&stream[start..end], |block, out| {
+                out.extend_from_slice(block);
+                Flow::Rewrite
+            }));
+            start = end;
+        }
+        injected.extend(injector.finish());
+        passed.extend(driver.finish());
+        (injected, passed)
+    };
+    let (whole, passed_whole) = run(&[stream.len()]);
+    let (split, passed) = run(&ends);
+    assert_eq!(passed_whole, stream, "a driver that changes nothing passes every byte");
+    assert_eq!(passed, stream, "however the stream is split");
+    assert_eq!(split, whole, "the same rewritten stream however it is split");
+}
+
+/// Anthropic's `context_management` read from a Messages body and its clearing edits
+/// applied: any body is refused or edited into JSON whose thinking blocks are ones the
+/// client sent, unchanged, with every tool use still present.
+pub fn anthropic_edits(data: &[u8]) {
+    let _ = without_context_management(data).map(|b| {
+        assert!(serde_json::from_slice::<serde_json::Value>(&b).is_ok(), "JSON without the field")
+    });
+    let Ok(Some(config)) = anthropic_edits::parse(data) else { return };
+    let count = |text: &str| text.len() / 4;
+    let cleared = apply_clearing(data, &config, data.len() / 4, &count);
+    if cleared.applied.is_empty() {
+        assert_eq!(cleared.body, data, "no edit, no change");
+        return;
+    }
+    let before: serde_json::Value = serde_json::from_slice(data).expect("an edited body was JSON");
+    let after: serde_json::Value =
+        serde_json::from_slice(&cleared.body).expect("the edited body is JSON");
+    let blocks = |v: &serde_json::Value, kind: &str| -> Vec<serde_json::Value> {
+        v["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .filter(|b| b["type"] == kind)
+            .collect()
+    };
+    for kind in ["thinking", "redacted_thinking"] {
+        let sent = blocks(&before, kind);
+        for block in blocks(&after, kind) {
+            assert!(sent.contains(&block), "{kind} block changed: {block}");
+        }
+    }
+    let ids = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        blocks(v, "tool_use").iter().map(|b| b["id"].clone()).collect()
+    };
+    assert_eq!(ids(&after), ids(&before), "every tool use stays");
 }
