@@ -14,7 +14,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::body::ProxyBody;
 use super::dialect::Dialect;
-use super::inspect::Inspector;
+use super::inspect::{EdgeFacts, Inspector};
 use super::served_by::ProviderApis;
 use super::usage_tap::{OnUsage, UsageSlot, team_of};
 use crate::compaction::{FoldWhen, Options, Report, WholeFold};
@@ -68,6 +68,9 @@ pub struct Turn<'a, D: Dialect> {
     /// Where the usage of the answer being sent arrives when it ends (while the
     /// inspector is on: the request is recorded with it).
     answer: Option<UsageSlot>,
+    /// What foldgate changed besides the engine's compaction (a provider's edits it
+    /// served), in a few words each: recorded with why the request got its tier.
+    notes: Vec<String>,
 }
 
 /// A deeper compaction to send after an overflow error.
@@ -157,6 +160,7 @@ impl Turns {
             learned_window: false,
             provider_api: None,
             answer: None,
+            notes: Vec::new(),
         })
     }
 
@@ -336,6 +340,12 @@ impl<D: Dialect> Turn<'_, D> {
         self.provider_api = Some(api);
     }
 
+    /// Notes a change foldgate made to the request besides the engine's compaction (it
+    /// is recorded with why the request got its tier).
+    pub fn note(&mut self, change: String) {
+        self.notes.push(change);
+    }
+
     /// True when the forwarded body is a retry after an overflow error.
     fn retried(&self) -> bool {
         self.overflow == Some(OverflowRetry::Retried)
@@ -354,7 +364,8 @@ impl<D: Dialect> Turn<'_, D> {
         let (metrics, decision) = (self.metrics, &self.decision);
         if let Some(inspector) = &self.turns.inspector {
             let (key, model, api) = (&self.key, self.model, self.provider_api);
-            let entry = inspector.entry(self.headers, key, model, decision, self.retried(), api);
+            let edge = EdgeFacts { retried: self.retried(), api, notes: &self.notes };
+            let entry = inspector.entry(self.headers, key, model, decision, edge);
             match &self.answer {
                 Some(answer) => answer.then(Box::new(move |usage| {
                     entry.write(usage.map(super::usage_tap::Usage::entry));

@@ -55,9 +55,9 @@ impl Inspector {
         key: &SessionKey,
         model: &str,
         decision: &Decision,
-        retried: bool,
-        api: Option<ProviderApi>,
+        edge: EdgeFacts<'_>,
     ) -> PendingRecord {
+        let EdgeFacts { retried, api, notes } = edge;
         let at = now_ms();
         let mut changes = RequestChanges::default();
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -91,6 +91,15 @@ impl Inspector {
                 changes.more = small(all.len().saturating_sub(CHANGES_MAX));
             }
             request.why = report.why();
+        }
+        if !notes.is_empty() {
+            let why = std::mem::take(&mut request.why);
+            request.why = notes
+                .iter()
+                .cloned()
+                .chain((!why.is_empty()).then_some(why))
+                .collect::<Vec<_>>()
+                .join(", ");
         }
         let folds = decision
             .new_blocks
@@ -145,6 +154,17 @@ impl Inspector {
         tracing::info!(session = key.as_str(), "session forgotten by the inspection API");
         Ok(json(StatusCode::OK, &serde_json::json!({"forgotten": key.as_str()})))
     }
+}
+
+/// What the edge knows of a request besides its decision.
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeFacts<'a> {
+    /// It was sent again, compacted deeper, after a context overflow.
+    pub retried: bool,
+    /// The provider compaction API foldgate served on it, when it changed it.
+    pub api: Option<ProviderApi>,
+    /// Changes foldgate made besides the engine's compaction, in a few words each.
+    pub notes: &'a [String],
 }
 
 /// A request's record entry, to be written when its answer has ended.
