@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use self::counts::LocalCounts;
 pub use self::decision::{Decision, Rewritten};
@@ -39,6 +40,7 @@ use crate::model::ChatRequest;
 use crate::session::{SessionKey, SessionLocks, SessionStore, StoredState};
 use crate::summarizer::llm::{ClientHeaders, Credential, SummaryApi};
 use crate::summarizer::{ExtractiveSummarizer, Summarizer, SummarizerKind};
+use crate::telemetry;
 
 /// Version 1: fold blocks and the pending block as `compaction::SessionState` serializes
 /// them (token counts are never stored). Bump on any change that a reader of the current
@@ -215,8 +217,11 @@ impl Conversations {
         };
         let (this, key, request, options) =
             (self.clone(), key.clone(), request.clone(), options.clone());
+        let work = async move { this.compact_with(&key, &request, summarizer, &options).await };
+        // The request's span (traces exported) goes along: the store operations and
+        // summarizer calls of the compaction are its children.
         runtime
-            .spawn(async move { this.compact_with(&key, &request, summarizer, &options).await })
+            .spawn(work.instrument(telemetry::span::current()))
             .await
             .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
     }
@@ -382,6 +387,7 @@ impl Conversations {
         };
         match &self.inner.runtime {
             Some(runtime) => {
+                let work = work.instrument(telemetry::span::current());
                 runtime.spawn(work).await.map_err(|e| format!("fold task ended: {e}"))?
             }
             None => Box::pin(work).await,
@@ -454,8 +460,8 @@ impl Counted {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        runtime.spawn(async move {
-            self.conversations.calibrate(&self.key, self.tokens, reported).await;
-        });
+        let calibrate =
+            async move { self.conversations.calibrate(&self.key, self.tokens, reported).await };
+        runtime.spawn(calibrate.instrument(telemetry::span::current()));
     }
 }
