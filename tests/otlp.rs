@@ -318,7 +318,34 @@ async fn a_compacted_request_exports_its_spans_over_http_protobuf() {
         .await;
     let request = named(&spans, "chat gpt-4o");
     let request = request.iter().find(|s| s.kind == SPAN_KIND_SERVER).expect("the request span");
-    // The client's trace, continued: its span is the parent.
+    check_request_span(request, &headers);
+    assert!(received.services().iter().all(|s| s == "foldgate"), "{:?}", received.services());
+
+    // The upstream got foldgate's span as the parent, the client's tracestate kept.
+    let forwarded = upstream.forwarded().pop().unwrap();
+    let (trace, parent) = parent_of(&header(&forwarded, "traceparent"));
+    assert_eq!((trace.as_str(), parent), (TRACE_ID, hex(&request.span_id)));
+    assert_eq!(header(&forwarded, "tracestate"), TRACESTATE);
+
+    // The store operations of the request are its children.
+    let stored = children(&spans, request);
+    assert!(names(&stored).contains(&"store load") && names(&stored).contains(&"store save"));
+    assert!(stored.iter().all(|s| string(s, "foldgate.store") == "memory"), "{stored:#?}");
+
+    check_background_fold(&spans, request, &upstream);
+    let spans = check_compact(&addr, &received).await;
+    // Neither the credential nor message text is ever an attribute.
+    for span in &spans {
+        for kv in &span.attributes {
+            let value = format!("{:?}", kv.value);
+            assert!(!value.contains("sk-otlp-secret") && !value.contains("fn item_"), "{kv:?}");
+        }
+    }
+}
+
+/// The span of a compacted chat request: the client's trace continued (its span the
+/// parent), the GenAI attributes, and foldgate's, as its `headers` say them.
+fn check_request_span(request: &Span, headers: &http::HeaderMap) {
     assert_eq!(hex(&request.trace_id), TRACE_ID);
     assert_eq!(hex(&request.parent_span_id), CLIENT_SPAN);
     assert_eq!(string(request, "gen_ai.operation.name"), "chat");
@@ -342,43 +369,35 @@ async fn a_compacted_request_exports_its_spans_over_http_protobuf() {
     assert_eq!(string(request, "foldgate.route"), "chat_completions");
     assert_eq!(string(request, "foldgate.request_id"), header_of("x-foldgate-request-id"));
     assert_eq!(int(request, "http.response.status_code"), 200);
-    assert!(received.services().iter().all(|s| s == "foldgate"), "{:?}", received.services());
+}
 
-    // The upstream got foldgate's span as the parent, the client's tracestate kept.
-    let forwarded = upstream.forwarded().pop().unwrap();
-    let (trace, parent) = parent_of(&header(&forwarded, "traceparent"));
-    assert_eq!((trace.as_str(), parent), (TRACE_ID, hex(&request.span_id)));
-    assert_eq!(header(&forwarded, "tracestate"), TRACESTATE);
-
-    // The store operations of the request are its children.
-    let child_of = |parent: &Span| children(&spans, parent);
-    let stored = child_of(request);
-    assert!(names(&stored).contains(&"store load") && names(&stored).contains(&"store save"));
-    assert!(stored.iter().all(|s| string(s, "foldgate.store") == "memory"), "{stored:#?}");
-
-    // The fold postponed to the background: a trace of its own, linked to the request,
-    // with the summarizer call and the model call under it.
-    let fold = named(&spans, "background_fold");
-    let [fold] = fold.as_slice() else { panic!("{:?}", names(&spans)) };
+/// The fold `request` postponed to the background: a trace of its own, linked to the
+/// request, with the summarizer call and the model call under it, whose request to the
+/// `upstream` names the model call's span.
+fn check_background_fold(spans: &[Span], request: &Span, upstream: &MockUpstream) {
+    let fold = named(spans, "background_fold");
+    let [fold] = fold.as_slice() else { panic!("{:?}", names(spans)) };
     assert!(fold.parent_span_id.is_empty(), "a root span");
     let link = fold.links.first().expect("a link to the request");
     assert_eq!((&link.trace_id, &link.span_id), (&request.trace_id, &request.span_id));
     assert_eq!(string(fold, "foldgate.fold"), "due");
-    let summarize = child_of(fold).into_iter().find(|s| s.name == "summarize").expect("summarize");
+    let summarize = children(spans, fold).into_iter().find(|s| s.name == "summarize");
+    let summarize = summarize.expect("a summarize span");
     assert_eq!(string(&summarize, "foldgate.summarizer"), "llm");
-    let [model_call] = child_of(&summarize).try_into().expect("one model call");
+    let [model_call] = children(spans, &summarize).try_into().expect("one model call");
     assert_eq!(model_call.name, "chat gpt-4o");
     assert_eq!(model_call.kind, SPAN_KIND_CLIENT);
     assert_eq!(string(&model_call, "gen_ai.request.model"), "gpt-4o");
     assert_eq!(string(&model_call, "gen_ai.provider.name"), "openai");
-    // The summarization request names the model call's span.
     let summaries =
         upstream.recorded().into_iter().filter(|r| r.headers.contains_key("x-foldgate-summary"));
     let (trace, parent) = parent_of(&header(&summaries.last().unwrap(), "traceparent"));
     assert_eq!((trace, parent), (hex(&fold.trace_id), hex(&model_call.span_id)));
+}
 
-    // `/v1/responses/compact` answered by foldgate: the digest is written inside the
-    // request's own trace.
+/// `/v1/responses/compact` to foldgate at `addr`, answered by foldgate: the digest is
+/// written inside the request's own trace. Returns every span received by then.
+async fn check_compact(addr: &str, received: &Received) -> Vec<Span> {
     let items = common::responses_api::session_items(30)[1..].to_vec();
     let compact = Request::post(format!("http://{addr}/v1/responses/compact"))
         .header("authorization", CREDENTIAL)
@@ -395,16 +414,8 @@ async fn a_compacted_request_exports_its_spans_over_http_protobuf() {
     assert_eq!(string(&compact, "foldgate.outcome"), "compacted");
     assert!(int(&compact, "foldgate.tokens_after") < int(&compact, "foldgate.tokens_before"));
     let summarize = children(&spans, &compact);
-    let summarize = summarize.iter().find(|s| s.name == "summarize");
-    assert!(summarize.is_some(), "{:?}", names(&spans));
-
-    // Neither the credential nor message text is ever an attribute.
-    for span in &spans {
-        for kv in &span.attributes {
-            let value = format!("{:?}", kv.value);
-            assert!(!value.contains("sk-otlp-secret") && !value.contains("fn item_"), "{kv:?}");
-        }
-    }
+    assert!(summarize.iter().any(|s| s.name == "summarize"), "{:?}", names(&spans));
+    spans
 }
 
 #[tokio::test]

@@ -82,6 +82,12 @@ pub fn record_turn(
     span::record_turn(&current, &turn);
 }
 
+/// Records on the current span the `outcome` of a request no turn took (compaction off,
+/// a body foldgate does not understand).
+pub fn record_outcome(outcome: Outcome) {
+    span::record_outcome(&span::current(), outcome);
+}
+
 /// Records on the current span what a `/v1/responses/compact` request of `model` came
 /// to: folded by foldgate as `report` says, or (`None`) nothing to fold.
 pub fn record_compact(model: &str, report: Option<&crate::compaction::Report>) {

@@ -78,6 +78,7 @@ pub struct Retry {
 /// Counts a request of a compacted route that no turn took (`Disabled`, `NotChat`).
 pub fn record_untaken(metrics: &Metrics, route: Route, outcome: Outcome) {
     metrics.chat_request(route, outcome);
+    super::trace::record_outcome(outcome);
 }
 
 impl Turns {

@@ -189,6 +189,13 @@ pub fn record_turn(span: &Span, turn: &TurnRecord<'_>) {
     }
 }
 
+/// Records on `span` what happened to its request, when nothing else is known of it.
+pub fn record_outcome(span: &Span, outcome: Outcome) {
+    if !span.is_disabled() {
+        span.set_attribute(OUTCOME, outcome.as_str());
+    }
+}
+
 /// Token usage an upstream reported, for [`record_usage`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UsageRecord<'a> {
