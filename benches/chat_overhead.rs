@@ -9,6 +9,9 @@
 //! primaries), beside them.
 //!
 //! Run: `cargo bench --bench chat_overhead` (options: `--rate N`, `--seconds N`;
+//! `--otlp` adds a path with compaction warm and trace export on, every span sent over
+//! OTLP/HTTP to a mock collector on a thread of its own (a build without `[telemetry]`
+//! refuses to start with it);
 //! `BENCH_FOLDGATE_BIN=path` measures another build of foldgate).
 //! Targets: under 5 ms added at p99 at 100 requests per second; Redis over memory at
 //! most 0.5 ms at p99 on loopback.
@@ -161,6 +164,12 @@ fn main() {
             ];
             start_foldgate(mock, true, &env)
         });
+        // Trace export on, to a collector on a thread of its own.
+        let exporting = std::env::args().any(|a| a == "--otlp").then(|| {
+            let collector = mock_upstream::start_on_own_thread(COMPLETION);
+            let env = [("FOLDGATE_TELEMETRY__OTLP_ENDPOINT", format!("http://{collector}"))];
+            start_foldgate(mock, true, &env)
+        });
         let history = traces::conversation(108_000);
         // One distinct request per send: the stored history plus one new exchange.
         let bodies: Vec<Bytes> = (0..(rate * seconds) as usize).map(|turn| body(&history, turn)).collect();
@@ -177,6 +186,9 @@ fn main() {
         }
         if let Some(clustered) = &clustered {
             paths.push(("foldgate, compaction warm, Redis Cluster store", clustered.addr));
+        }
+        if let Some(exporting) = &exporting {
+            paths.push(("foldgate, compaction warm, OTLP export on", exporting.addr));
         }
         for &(name, addr) in &paths[2..] {
             warm_up(name, addr, &bodies[0]).await;
@@ -206,6 +218,9 @@ fn main() {
                 "Redis store over memory store at p99: {:.2} ms (target <= 0.5 ms)",
                 redis_p99 - p99[2]
             );
+        }
+        if let Some(otlp_p99) = p99_of("foldgate, compaction warm, OTLP export on") {
+            println!("OTLP export on over off (memory store) at p99: {:.2} ms", otlp_p99 - p99[2]);
         }
         if let Some(cluster_p99) = p99_of("foldgate, compaction warm, Redis Cluster store") {
             println!(

@@ -1,15 +1,22 @@
-//! The OTLP exporter of `[telemetry]`: finished spans batched by the SDK's processor on a
-//! tokio runtime of its own (one thread, `foldgate-otlp`, so that exporting never takes
-//! time from a connection thread or the compaction runtime), sent over gRPC (tonic, TLS
-//! with the roots of `upstream.tls_roots`) or HTTP/protobuf (hyper over foldgate's own
-//! connector, `crate::client`), and flushed when the [`Pipeline`] is dropped at shutdown.
+//! The OTLP exporter of `[telemetry]`: finished spans batched by the SDK's batch processor,
+//! sent over gRPC (tonic, TLS with the roots of `upstream.tls_roots`) or HTTP/protobuf
+//! (hyper over foldgate's own connector, `crate::client`) from a tokio runtime of its own
+//! (one thread, `foldgate-otlp`: exporting never takes time from a connection thread or
+//! the compaction runtime), and flushed when the [`Pipeline`] is dropped at shutdown.
+//!
+//! The processor is the SDK's thread-based one: a span that ends is put in a queue, and
+//! its thread is woken only when a batch is full or the schedule delay has passed. The
+//! processor that runs as a task on an async runtime instead wakes that task for every
+//! span, a cross-thread wake-up per span, which on a busy two-core machine cost the warm
+//! chat path milliseconds at p99 (`docs/PERFORMANCE.md`, "Trace export"). Its thread
+//! cannot drive tonic or hyper, so each export is handed to the runtime ([`OnRuntime`]).
 //!
 //! The exporter and the SDK read the other standard variables themselves:
 //! `OTEL_EXPORTER_OTLP_HEADERS` (`_TRACES_HEADERS`), `OTEL_EXPORTER_OTLP_TIMEOUT`,
 //! `OTEL_EXPORTER_OTLP_COMPRESSION`, `OTEL_RESOURCE_ATTRIBUTES`, and the batch
 //! processor's `OTEL_BSP_*` (schedule delay, queue and batch sizes).
 
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -18,9 +25,10 @@ use opentelemetry_otlp::{
     Protocol, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig,
 };
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::runtime::Tokio;
-use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter as ExportSpans, Tracer,
+};
 
 use crate::config::{OtlpProtocol, TelemetryConfig, TlsRoots, UpstreamConfig};
 
@@ -59,10 +67,13 @@ impl Pipeline {
             .enable_all()
             .build()
             .map_err(OtlpError::Runtime)?;
-        // The batch processor spawns its task, and tonic its connection, on this runtime.
+        // tonic's channel starts its connection task on this runtime.
         let _context = runtime.enter();
-        let exporter = exporter(config, upstream)?;
-        let processor = BatchSpanProcessor::builder(exporter, Tokio).build();
+        let exporter = OnRuntime {
+            inner: Arc::new(exporter(config, upstream)?),
+            runtime: runtime.handle().clone(),
+        };
+        let processor = BatchSpanProcessor::builder(exporter).build();
         let resource = Resource::builder()
             .with_service_name(config.service().to_owned())
             .with_attribute(opentelemetry::KeyValue::new(
@@ -112,6 +123,39 @@ fn exporter(
             .with_http_client(crate::client::otlp_http_client(upstream, HTTP_TIMEOUT)?)
             .build()?,
     })
+}
+
+/// An exporter whose exports run on the pipeline's runtime, awaited from the batch
+/// processor's thread.
+#[derive(Debug)]
+struct OnRuntime {
+    inner: Arc<SpanExporter>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl ExportSpans for OnRuntime {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let inner = self.inner.clone();
+        match self.runtime.spawn(async move { inner.export(batch).await }).await {
+            Ok(result) => result,
+            Err(e) => Err(OTelSdkError::InternalFailure(format!("export task ended: {e}"))),
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        // Set once, as the provider is built, before any export shares the exporter.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.set_resource(resource);
+        }
+    }
 }
 
 impl Drop for Pipeline {
