@@ -166,7 +166,7 @@ fn main() {
         });
         // Trace export on, to a collector on a thread of its own.
         let exporting = std::env::args().any(|a| a == "--otlp").then(|| {
-            let collector = mock_upstream::start_on_own_thread(COMPLETION);
+            let collector = collector();
             let env = [("FOLDGATE_TELEMETRY__OTLP_ENDPOINT", format!("http://{collector}"))];
             start_foldgate(mock, true, &env)
         });
@@ -230,6 +230,20 @@ fn main() {
             );
         }
     });
+}
+
+/// A collector for trace exports (the mock, which takes `POST /v1/traces`) on a thread
+/// and runtime of its own: receiving spans must not take time from the load generator.
+fn collector() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            tx.send(mock_upstream::start(COMPLETION).await).unwrap();
+            std::future::pending::<()>().await
+        });
+    });
+    rx.recv().unwrap()
 }
 
 /// Prints the bytes each session stored in `redis` takes: its state and Redis's memory.

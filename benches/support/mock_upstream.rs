@@ -33,20 +33,6 @@ pub async fn start(completion: &'static str) -> SocketAddr {
     addr
 }
 
-/// The mock on a thread and runtime of its own (a collector for trace exports, which
-/// must not take time from the load generator's thread); its address.
-pub fn start_on_own_thread(completion: &'static str) -> SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(async {
-            tx.send(start(completion).await).unwrap();
-            std::future::pending::<()>().await
-        });
-    });
-    rx.recv().unwrap()
-}
-
 /// Reads the whole request, then answers `completion` as `application/json`: 200 for
 /// `POST /v1/chat/completions`, 404 for anything else.
 async fn answer(

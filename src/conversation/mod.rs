@@ -219,10 +219,15 @@ impl Conversations {
             (self.clone(), key.clone(), request.clone(), options.clone());
         let work = async move { this.compact_with(&key, &request, summarizer, &options).await };
         // The request's span (traces exported) goes along: the store operations and
-        // summarizer calls of the compaction are its children.
-        runtime
-            .spawn(work.instrument(telemetry::span::current()))
-            .await
+        // summarizer calls of the compaction are its children. Without one, the future
+        // is not moved into a wrapper (it is large).
+        let span = telemetry::span::current();
+        let task = if span.is_disabled() {
+            runtime.spawn(work)
+        } else {
+            runtime.spawn(work.instrument(span))
+        };
+        task.await
             .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
     }
 
@@ -387,8 +392,13 @@ impl Conversations {
         };
         match &self.inner.runtime {
             Some(runtime) => {
-                let work = work.instrument(telemetry::span::current());
-                runtime.spawn(work).await.map_err(|e| format!("fold task ended: {e}"))?
+                let span = telemetry::span::current();
+                let task = if span.is_disabled() {
+                    runtime.spawn(work)
+                } else {
+                    runtime.spawn(work.instrument(span))
+                };
+                task.await.map_err(|e| format!("fold task ended: {e}"))?
             }
             None => Box::pin(work).await,
         }

@@ -10,7 +10,6 @@ use futures_util::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body::Body as _;
 use hyper::body::Incoming;
-use tracing::Instrument;
 
 use super::body::{BodyProgress, ProxyBody, full};
 use super::dialect::{ChatCompletions, Dialect, Messages, Responses};
@@ -18,7 +17,7 @@ use super::error::ProxyError;
 use super::handler;
 use super::linger::UnreadBody;
 use super::passthrough;
-use super::trace;
+use super::trace::{self, in_span};
 use super::turn::Turns;
 use super::upstream::Upstream;
 use crate::metrics::{Metrics, Route};
@@ -90,17 +89,18 @@ async fn compacted<D: Dialect>(
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     let span = trace::request_span(dialect.route(), false, request.headers());
-    let response = handler::handle(
-        dialect,
-        upstream,
-        state.max_body,
-        &state.turns,
-        &state.metrics,
-        request,
-        progress.clone(),
-    )
-    .instrument(span.clone())
-    .await;
+    let response = in_span!(
+        &span,
+        handler::handle(
+            dialect,
+            upstream,
+            state.max_body,
+            &state.turns,
+            &state.metrics,
+            request,
+            progress.clone(),
+        )
+    );
     (dialect.route(), traced(&span, response))
 }
 
@@ -124,10 +124,10 @@ async fn forwarded(
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     let span = trace::passthrough_span(request.method(), request.headers());
-    let response =
+    let response = in_span!(
+        &span,
         passthrough::forward(upstream, state.max_body, &state.metrics, request, progress.clone())
-            .instrument(span.clone())
-            .await;
+    );
     (Route::Passthrough, traced(&span, response))
 }
 
@@ -161,16 +161,17 @@ async fn dispatch(
         }
         (&Method::POST, "/v1/responses/compact") => {
             let span = trace::request_span(Route::Responses, true, request.headers());
-            let response = super::provider::compact::handle(
-                &state.turns,
-                &state.upstream,
-                state.max_body,
-                &state.metrics,
-                request,
-                progress.clone(),
-            )
-            .instrument(span.clone())
-            .await;
+            let response = in_span!(
+                &span,
+                super::provider::compact::handle(
+                    &state.turns,
+                    &state.upstream,
+                    state.max_body,
+                    &state.metrics,
+                    request,
+                    progress.clone(),
+                )
+            );
             (Route::Responses, traced(&span, response))
         }
         (&Method::POST, "/v1/messages") => {

@@ -4,6 +4,24 @@
 //! recorded on its span. With export off, nothing here does any work, and the client's
 //! `traceparent` reaches the upstream unchanged, as any header does.
 
+/// Awaits the future `$work` makes with `$span` entered at each poll, as
+/// `tracing::Instrument` does, but pinned where it is made instead of moved into a
+/// wrapper: the handler's future is large, and moving it into `Instrumented` cost every
+/// request a copy of it (about 700 instructions of `memcpy` at 2 KB), spans exported or
+/// not.
+macro_rules! in_span {
+    ($span:expr, $work:expr) => {{
+        let span: &tracing::Span = $span;
+        let mut work = std::pin::pin!($work);
+        std::future::poll_fn(|cx| {
+            let _entered = span.enter();
+            std::future::Future::poll(work.as_mut(), cx)
+        })
+        .await
+    }};
+}
+pub(crate) use in_span;
+
 use http::header::{HeaderMap, HeaderValue};
 use tracing::Span;
 
