@@ -1,20 +1,23 @@
-//! The OTLP exporter of `[telemetry]`: finished spans batched by the SDK's batch processor,
-//! sent over gRPC (tonic, TLS with the roots of `upstream.tls_roots`) or HTTP/protobuf
-//! (hyper over foldgate's own connector, `crate::client`) from a tokio runtime of its own
-//! (one thread, `foldgate-otlp`: exporting never takes time from a connection thread or
-//! the compaction runtime), and flushed when the [`Pipeline`] is dropped at shutdown.
+//! The OTLP exporter of `[telemetry]`: finished spans batched by the SDK's batch processor
+//! (a thread of its own), sent over gRPC (tonic, TLS with the roots of
+//! `upstream.tls_roots`) or HTTP/protobuf (hyper over foldgate's own connector,
+//! `crate::client`) from a tokio runtime of its own (one thread, `foldgate-otlp`):
+//! exporting never takes time from a connection thread or the compaction runtime. What is
+//! queued is exported when the [`Pipeline`] is dropped at shutdown.
 //!
 //! The processor is the SDK's thread-based one: a span that ends is put in a queue, and
-//! its thread is woken only when a batch is full or the schedule delay has passed. The
-//! processor that runs as a task on an async runtime instead wakes that task for every
-//! span, a cross-thread wake-up per span, which on a busy two-core machine cost the warm
-//! chat path milliseconds at p99 (`docs/PERFORMANCE.md`, "Trace export"). Its thread
-//! cannot drive tonic or hyper, so each export is handed to the runtime ([`OnRuntime`]).
+//! its thread is woken only when a batch is full or the schedule delay has passed, as the
+//! log's writer thread is. The processor that runs as a task on an async runtime wakes
+//! that task for every span that ends, a cross-thread wake-up per span: 2,400 to 4,600
+//! more instructions per request by callgrind, before the kernel's share of each wake-up
+//! (`docs/PERFORMANCE.md`, "Trace export"). The processor's thread cannot drive tonic or
+//! hyper, so each export is handed to the runtime ([`OnRuntime`]).
 //!
 //! The exporter and the SDK read the other standard variables themselves:
 //! `OTEL_EXPORTER_OTLP_HEADERS` (`_TRACES_HEADERS`), `OTEL_EXPORTER_OTLP_TIMEOUT`,
-//! `OTEL_EXPORTER_OTLP_COMPRESSION`, `OTEL_RESOURCE_ATTRIBUTES`, and the batch
-//! processor's `OTEL_BSP_*` (schedule delay, queue and batch sizes).
+//! `OTEL_RESOURCE_ATTRIBUTES`, and the batch processor's `OTEL_BSP_*` (schedule delay,
+//! queue and batch sizes). Compression is not built in: the exporter ignores
+//! `OTEL_EXPORTER_OTLP_COMPRESSION` and sends spans uncompressed.
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
