@@ -52,6 +52,16 @@ pub enum OtlpProtocol {
     HttpProtobuf,
 }
 
+impl OtlpProtocol {
+    /// The name, as in the configuration and `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
 /// The service name when neither the configuration nor `OTEL_SERVICE_NAME` gives one.
 pub const DEFAULT_SERVICE_NAME: &str = "foldgate";
 

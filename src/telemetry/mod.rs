@@ -56,7 +56,7 @@ pub fn init(config: &Config) -> Telemetry {
             install_with_export(filter, writer, format, &pipeline);
             tracing::info!(
                 endpoint = %config.telemetry.otlp_endpoint,
-                protocol = ?config.telemetry.protocol(),
+                protocol = config.telemetry.protocol().as_str(),
                 service = config.telemetry.service(),
                 "exporting traces over OTLP"
             );
