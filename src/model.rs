@@ -110,11 +110,17 @@ impl Message {
     }
 
     /// The parsed message (parsed now if it was not yet). Text that a `RawValue` held
-    /// always parses; should it not (nesting past serde_json's depth limit), the
-    /// message reads as an empty object.
+    /// parses, but for two cases: an escaped lone UTF-16 surrogate (`"\udce1"`, valid
+    /// JSON that is no Unicode text) is read as U+FFFD, and nesting past serde_json's
+    /// depth limit reads as an empty object. The raw text, forwarded, is never changed.
     pub fn value(&self) -> &Value {
         self.value.get_or_init(|| {
-            serde_json::from_str(self.raw.get())
+            let raw = self.raw.get();
+            serde_json::from_str(raw)
+                .or_else(|e| match lone_surrogates_replaced(raw) {
+                    Some(text) => serde_json::from_str(&text),
+                    None => Err(e),
+                })
                 .unwrap_or_else(|_| Value::Object(serde_json::Map::new()))
         })
     }
@@ -447,6 +453,42 @@ impl<'de> Deserialize<'de> for TopLevel {
     }
 }
 
+/// `text` (JSON) with every escaped lone UTF-16 surrogate (a `\\uD800`-`\\uDFFF` escape
+/// not in a high-low pair) written as `\\uFFFD`; `None` when it has none.
+fn lone_surrogates_replaced(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let unit = |at: usize| -> Option<u16> {
+        let hex = bytes.get(at + 2..at + 6)?;
+        (bytes.get(at..at + 2) == Some(b"\\u".as_slice()))
+            .then(|| u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok())
+            .flatten()
+    };
+    let (mut out, mut copied, mut i, mut changed) = (String::new(), 0, 0, false);
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let Some(first) = unit(i) else {
+            i += 2; // another escape: its next byte is not a quote or a backslash
+            continue;
+        };
+        let high = (0xD800..0xDC00).contains(&first);
+        let paired = high && unit(i + 6).is_some_and(|low| (0xDC00..0xE000).contains(&low));
+        if paired {
+            i += 12;
+        } else if (0xD800..0xE000).contains(&first) {
+            out.push_str(&text[copied..i]);
+            out.push_str("\\ufffd");
+            (copied, changed) = (i + 6, true);
+            i += 6;
+        } else {
+            i += 6;
+        }
+    }
+    changed.then(|| out + &text[copied..])
+}
+
 /// Messages from a JSON array of message objects (unit-test fixture).
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
@@ -461,6 +503,18 @@ pub(crate) fn messages_from(v: Value) -> Vec<Arc<Message>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lone_surrogate_escape_reads_as_a_replacement_character() {
+        // Found by fuzzing: valid JSON, but no Unicode text; the message kept its role.
+        let raw =
+            r#"{"role":"system","content":"Wi-Fi \ud66d\udce1 and \ud83d\udcf6 \\udce1 \ud800"}"#;
+        let m = Message::from_raw(RawValue::from_string(raw.to_owned()).unwrap()).unwrap();
+        assert_eq!(m.role(), Role::System);
+        assert_eq!(m.text(), "Wi-Fi \u{d66d}\u{fffd} and \u{1f4f6} \\udce1 \u{fffd}");
+        assert_eq!(m.raw(), raw, "forwarded as received");
+        assert_eq!(lone_surrogates_replaced(r#"{"a":"\ud83d\udcf6"}"#), None);
+    }
 
     #[test]
     fn round_trip_is_byte_exact() {

@@ -94,13 +94,14 @@ pub enum Tier {
     /// 0: nothing new taken out; stored fold blocks, if any, reused.
     #[default]
     Reuse = 0,
-    /// 1: tool output and old content elided to stubs.
+    /// 1: tool output replaced by stubs (by the elide tier or the fallback cut), nothing
+    /// dropped.
     Elide = 1,
     /// 2: old turns folded into a digest.
     Fold = 2,
     /// 3: old digests and turns batched under the goal.
     GoalBatch = 3,
-    /// 4: the fallback cut.
+    /// 4: messages forwarded in no form (the fallback cut dropped them).
     Fallback = 4,
 }
 
@@ -142,6 +143,18 @@ impl Serialize for Tier {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_u8(self.number())
     }
+}
+
+/// What compaction did to some of a request's messages, as reports and records name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// Content replaced by a stub that says what was there (tier 1).
+    Elided,
+    /// Replaced by a digest (tier 2, or 3 for a goal history).
+    Folded,
+    /// Not forwarded in any form (tier 4).
+    Dropped,
 }
 
 /// Why a summarizer call failed: a small closed set.

@@ -352,8 +352,8 @@ fn a_goal_batch_is_reused_byte_for_byte() {
 
 /// A text-mode session (mini-swe-agent: every command's output arrives as a `user`
 /// message) replayed through the engine at a 16k window, one request per assistant
-/// message: the outputs are recognised as tool output and folded, so the fallback
-/// (tier 4) serves few of the compacted requests. Taken for the user's words, the small
+/// message: the outputs are recognised as tool output and folded, so cuts alone (stubs,
+/// tier 1, or drops, tier 4) serve few of the compacted requests. Taken for the user's words, the small
 /// outputs would fill the verbatim floor and the fallback would serve most of them.
 #[test]
 fn a_text_mode_session_rarely_falls_back_to_tier_4() {
@@ -371,11 +371,11 @@ fn a_text_mode_session_rarely_falls_back_to_tier_4() {
         }
     }
     println!("{compacted} compacted requests by tier: {tiers:?}");
-    let fallback = tiers.get(&4).copied().unwrap_or(0);
+    let fallback = tiers.get(&1).copied().unwrap_or(0) + tiers.get(&4).copied().unwrap_or(0);
     assert!(compacted >= 40, "the session was compacted: {compacted} requests ({tiers:?})");
     assert!(
         fallback * 5 <= compacted,
-        "tier 4 served {fallback} of {compacted} compacted requests: {tiers:?}"
+        "cuts alone served {fallback} of {compacted} compacted requests: {tiers:?}"
     );
 }
 

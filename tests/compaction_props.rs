@@ -328,3 +328,265 @@ fn below_trigger_returns_unchanged() {
     let out = run(&Engine::new(cfg()), &req, &mut SessionState::default(), &Options::default());
     assert!(matches!(out, Outcome::Unchanged { .. }));
 }
+
+/// Settings a deployment may choose, generated.
+fn settings() -> impl Strategy<Value = CompactionConfig> {
+    (40usize..300, 50usize..500, 0usize..4, 0usize..4, 150usize..700, 0.1f64..0.5).prop_map(
+        |(small, elide, turns, groups, digest, floor)| CompactionConfig {
+            user_verbatim_max_tokens: small,
+            elide_min_tokens: elide,
+            keep_last_turns: turns,
+            keep_last_tool_groups: groups,
+            digest_max_tokens: digest,
+            trail_max_tokens: digest / 4,
+            floor_max_ratio: floor,
+            default_reserve_tokens: 400,
+            ..CompactionConfig::default()
+        },
+    )
+}
+
+/// A conversation that already holds digests of earlier folds (a client that compacted
+/// before, or foldgate's own digest sent back), at the head and between turns.
+fn with_digests(msgs: Vec<Value>, every: usize) -> Vec<Value> {
+    let mut out = Vec::with_capacity(msgs.len() + 4);
+    for (i, m) in msgs.into_iter().enumerate() {
+        if m["role"] == "user" && i % every == 1 {
+            out.push(json!({"role": "assistant", "content": format!("{DIGEST_MARKER}\n## Milestones\n- {}", text(i, 40))}));
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// Anthropic Messages from a generated conversation: tool calls as `tool_use` blocks after
+/// a signed `thinking` block (a `redacted_thinking` one every third call), results as
+/// `tool_result` blocks, images as base64 blocks; consecutive messages of one role merged.
+fn as_messages(msgs: &[Value]) -> Value {
+    let mut out: Vec<Value> = Vec::new();
+    let mut system = None;
+    let push = |out: &mut Vec<Value>, role: &str, blocks: Vec<Value>| match out.last_mut() {
+        Some(last) if last["role"] == role => {
+            last["content"].as_array_mut().unwrap().extend(blocks);
+        }
+        _ => out.push(json!({"role": role, "content": blocks})),
+    };
+    for (i, m) in msgs.iter().enumerate() {
+        let text_of = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => {
+                parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(" ")
+            }
+            _ => String::new(),
+        };
+        match m["role"].as_str().unwrap() {
+            "system" if system.is_none() => system = Some(text_of(&m["content"])),
+            "system" | "developer" | "user" => {
+                let mut blocks = vec![json!({"type": "text", "text": text_of(&m["content"])})];
+                if m["content"].to_string().contains("image_url") {
+                    blocks.push(json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}));
+                }
+                push(&mut out, "user", blocks);
+            }
+            "assistant" => {
+                let mut blocks = Vec::new();
+                let calls: Vec<(String, String)> = match (&m["tool_calls"], &m["function_call"]) {
+                    (Value::Array(calls), _) => calls
+                        .iter()
+                        .map(|c| {
+                            (
+                                c["id"].as_str().unwrap().to_owned(),
+                                c["function"]["name"].as_str().unwrap().to_owned(),
+                            )
+                        })
+                        .collect(),
+                    (_, Value::Object(f)) => {
+                        vec![(format!("fn_{i}"), f["name"].as_str().unwrap().to_owned())]
+                    }
+                    _ => Vec::new(),
+                };
+                if !calls.is_empty() {
+                    blocks.push(match i % 3 {
+                        0 => json!({"type": "redacted_thinking", "data": format!("EmwKAhgB{i}")}),
+                        _ => json!({"type": "thinking", "thinking": format!("Step {i}."), "signature": format!("EqQBCkYIBxgCKkB{i}")}),
+                    });
+                }
+                let text = text_of(&m["content"]);
+                if !text.is_empty() {
+                    blocks.push(json!({"type": "text", "text": text}));
+                }
+                for (id, name) in calls {
+                    blocks.push(
+                        json!({"type": "tool_use", "id": id, "name": name, "input": {"n": i}}),
+                    );
+                }
+                push(&mut out, "assistant", blocks);
+            }
+            _ => {
+                let id = m["tool_call_id"].as_str().map_or(format!("fn_{}", i - 1), str::to_owned);
+                let block = json!({"type": "tool_result", "tool_use_id": id, "content": text_of(&m["content"])});
+                push(&mut out, "user", vec![block]);
+            }
+        }
+    }
+    let mut body = json!({"model": "claude-sonnet-4-5", "max_tokens": 512, "messages": out});
+    if let Some(system) = system {
+        body["system"] = json!(system);
+    }
+    body
+}
+
+/// The Responses API from a generated conversation: calls as `function_call` items after
+/// a `reasoning` item with encrypted content, results as `function_call_output` items.
+fn as_responses(msgs: &[Value]) -> Value {
+    let mut items = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let content = &m["content"];
+        let text = match content {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => {
+                parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(" ")
+            }
+            _ => String::new(),
+        };
+        match m["role"].as_str().unwrap() {
+            "assistant" => {
+                let calls: Vec<(String, String)> = match (&m["tool_calls"], &m["function_call"]) {
+                    (Value::Array(calls), _) => calls
+                        .iter()
+                        .map(|c| (c["id"].as_str().unwrap().to_owned(), c["function"]["name"].as_str().unwrap().to_owned()))
+                        .collect(),
+                    (_, Value::Object(f)) => vec![(format!("fn_{i}"), f["name"].as_str().unwrap().to_owned())],
+                    _ => Vec::new(),
+                };
+                if !calls.is_empty() {
+                    items.push(json!({"type": "reasoning", "id": format!("rs_{i}"), "summary": [], "encrypted_content": format!("gAAAAB{i}")}));
+                }
+                if !text.is_empty() {
+                    items.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}));
+                }
+                for (id, name) in calls {
+                    items.push(json!({"type": "function_call", "call_id": id, "name": name, "arguments": "{}"}));
+                }
+            }
+            "tool" | "function" => {
+                let id = m["tool_call_id"].as_str().map_or(format!("fn_{}", i - 1), str::to_owned);
+                items.push(json!({"type": "function_call_output", "call_id": id, "output": text}));
+            }
+            role => items.push(json!({"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]})),
+        }
+    }
+    json!({"model": "gpt-4.1", "input": items, "store": false})
+}
+
+/// The blocks or items of `kinds` anywhere in a body's list `list` (their JSON values).
+fn opaque(body: &Value, list: &str, kinds: &[&str]) -> Vec<Value> {
+    let mut found = Vec::new();
+    for entry in body[list].as_array().into_iter().flatten() {
+        let inner = entry["content"].as_array().cloned().unwrap_or_default();
+        for v in std::iter::once(entry).chain(inner.iter()) {
+            if v["type"].as_str().is_some_and(|t| kinds.contains(&t)) {
+                found.push(v.clone());
+            }
+        }
+    }
+    found
+}
+
+/// Runs `body` through `dialect` and the engine at `window`; the body to forward.
+fn through<D: foldgate::http::dialect::Dialect>(
+    dialect: &D,
+    body: &Value,
+    engine: &Engine,
+    state: &mut SessionState,
+    window: usize,
+) -> Value {
+    let bytes = bytes::Bytes::from(body.to_string());
+    let (request, origins) = dialect.parse(&bytes).expect("the dialect reads the generated body");
+    let opts = Options { window_cap: Some(window), ..Options::default() };
+    match run(engine, &request, state, &opts) {
+        Outcome::Unchanged { .. } => body.clone(),
+        Outcome::Compacted { request, body: neutral, .. } => {
+            let rewritten = foldgate::conversation::Rewritten {
+                body: neutral.into(),
+                request: Arc::new(request),
+            };
+            serde_json::from_slice(&dialect.render(&bytes, &origins, &rewritten)).unwrap()
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Guarantees (1)-(5) hold at generated settings too, with digests of earlier folds
+    /// in the history; the same input gives the same output.
+    #[test]
+    fn guarantees_hold_at_any_settings(
+        (system, turns) in conversation(),
+        window in 1500usize..12000,
+        config in settings(),
+        every in 2usize..6,
+    ) {
+        let msgs = with_digests(build(system, &turns), every);
+        let engine = Engine::new(config);
+        let opts = Options { window_cap: Some(window), ..Options::default() };
+        let mut state = SessionState::default();
+        for upto in cuts(&msgs) {
+            let req = request(&msgs, upto);
+            let before = state.clone();
+            let out = run(&engine, &req, &mut state, &opts);
+            let report = out.report().clone();
+            let fwd = forwarded(&out, &req);
+            let violations = verify(&req, &fwd, engine.config(), &report.budget, &mut state.token_cache);
+            prop_assert!(violations.is_empty(), "request {upto}: {violations:?}\n{report:?}");
+            let mut again = before;
+            let repeat = run(&engine, &req, &mut again, &opts);
+            prop_assert_eq!(forwarded(&repeat, &req).to_vec(), fwd.to_vec(), "request {}: not deterministic", upto);
+        }
+    }
+
+    /// What foldgate cannot read is kept whole through the Messages and Responses
+    /// dialects: every signed or redacted thinking block and every encrypted reasoning
+    /// item forwarded is one the client sent, unchanged, and calls stay answered.
+    #[test]
+    fn unreadable_content_is_kept_whole((system, turns) in conversation(), window in 1500usize..8000) {
+        let msgs = build(system, &turns);
+        let engine = Engine::new(cfg());
+        let (mut anthropic, mut openai) = (SessionState::default(), SessionState::default());
+        for upto in cuts(&msgs) {
+            let sent = as_messages(&msgs[..upto]);
+            if sent["messages"].as_array().is_none_or(Vec::is_empty) {
+                continue;
+            }
+            let out = through(&foldgate::http::dialect::Messages, &sent, &engine, &mut anthropic, window);
+            let kinds = ["thinking", "redacted_thinking"];
+            let original = opaque(&sent, "messages", &kinds);
+            for block in opaque(&out, "messages", &kinds) {
+                prop_assert!(original.contains(&block), "request {upto}: {block} was not sent");
+            }
+            let messages = out["messages"].as_array().unwrap();
+            for (i, m) in messages.iter().enumerate() {
+                let ids = |m: &Value, kind: &str, key: &str| -> Vec<Value> {
+                    m["content"].as_array().into_iter().flatten().filter(|b| b["type"] == kind).map(|b| b[key].clone()).collect()
+                };
+                for id in ids(m, "tool_result", "tool_use_id") {
+                    prop_assert!(i > 0 && ids(&messages[i - 1], "tool_use", "id").contains(&id), "request {upto}: {id} unanswered");
+                }
+            }
+
+            let sent = as_responses(&msgs[..upto]);
+            let out = through(&foldgate::http::dialect::Responses, &sent, &engine, &mut openai, window);
+            let original = opaque(&sent, "input", &["reasoning"]);
+            let forwarded = opaque(&out, "input", &["reasoning"]);
+            for item in &forwarded {
+                prop_assert!(original.contains(item), "request {upto}: {item} was not sent");
+            }
+            let items = out["input"].as_array().unwrap();
+            for (i, item) in items.iter().enumerate().filter(|(_, it)| it["type"] == "function_call_output") {
+                let called = items[..i].iter().rev().take_while(|it| it["type"] != "message").any(|it| it["type"] == "function_call" && it["call_id"] == item["call_id"]);
+                prop_assert!(called, "request {upto}: output {} without its call", item["call_id"]);
+            }
+        }
+    }
+}

@@ -158,6 +158,18 @@ async fn the_api_shows_scopes_and_forgets_sessions(
     assert!(recent.iter().any(|r| r["outcome"] == "compacted"));
     assert!(recent.iter().all(|r| r["tokens_after"].as_u64() <= r["tokens_before"].as_u64()));
     assert_eq!(recent.last().unwrap()["n"], long.len());
+    // Why each got its tier; the changes of the last ten, each a stored fold or a new one.
+    assert!(recent.iter().all(|r| !r["why"].as_str().unwrap().is_empty()), "{session}");
+    let (older, last) = recent.split_at(recent.len() - 10);
+    assert!(older.iter().all(|r| r.get("changes").is_none()), "{session}");
+    assert!(last.iter().all(|r| r["changes"].is_array()), "{session}");
+    let folded =
+        last.iter().flat_map(|r| r["changes"].as_array().unwrap()).find(|c| c["kind"] == "folded");
+    let folded = folded.unwrap_or_else(|| panic!("a fold among the last changes: {session}"));
+    assert!(folded["tokens_after"].as_u64() < folded["tokens_before"].as_u64(), "{folded}");
+    assert!(folded["text"].as_str().unwrap().contains("I read the modules"), "{folded}");
+    // The usage the upstream reported, recorded with each request once its answer ended.
+    assert!(recent.iter().all(|r| r["usage"]["prompt"] == 100 && r["usage"]["completion"] == 1));
 
     // Each tenant sees its own sessions only, and never another's by guessing its key.
     assert_eq!(tenant(&proxy, "/foldgate/sessions", None).await.0, StatusCode::UNAUTHORIZED);

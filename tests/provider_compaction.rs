@@ -468,6 +468,11 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
     // under the trigger once its compaction block was opened, had nothing done.
     assert_eq!(served.len(), 8, "{detail}");
     assert_eq!(detail["provider_compactions"], 8, "{detail}");
+    // Each clearing edit is named, with what it cleared, in why its request got its tier.
+    let why =
+        |what: &str| served.iter().filter(|r| r["why"].as_str().unwrap().contains(what)).count();
+    assert_eq!(why("clear_tool_uses_20250919 cleared 22 tool use(s)"), 2, "{detail}");
+    assert_eq!(why("clear_thinking_20251015 removed the thinking of 4 turn(s)"), 2, "{detail}");
     // The paused compaction never reached the upstream: one request fewer than checks.
     assert_eq!(forwarded.len(), 8, "rejected, 4 clears, 2 compacts, next; not the pauses");
 }

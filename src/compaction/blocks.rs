@@ -41,6 +41,9 @@ pub struct FoldBlock {
     /// kept; rebuilt from the originals when needed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trail: Option<Trail>,
+    /// The digest is a goal history (tier 3): earlier turns and digests batched.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub goal_batch: bool,
 }
 
 impl PartialEq for FoldBlock {

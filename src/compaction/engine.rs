@@ -367,6 +367,7 @@ mod trail_tests {
             summarizer: "extractive".into(),
             artifact_recall: None,
             trail: Some(Trail::of(&msgs, end)),
+            goal_batch: false,
         };
         // src/a.py was read before the fold and nothing changed it: a re-read.
         assert_eq!(rereads(&[block(5)], &msgs[..8]), 1);

@@ -115,6 +115,7 @@ pub async fn fold_after(
         summarizer: name.to_owned(),
         artifact_recall: recall,
         trail: Some(work),
+        goal_batch: rules.kind == DigestKind::GoalBatch,
     };
     Ok(Some(Folded { block, error }))
 }

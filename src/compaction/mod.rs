@@ -10,6 +10,7 @@
 
 pub mod blocks;
 pub mod budget;
+pub mod changes;
 pub mod check;
 pub mod engine;
 pub mod fold;
@@ -24,6 +25,7 @@ pub mod whole;
 
 pub use blocks::{FoldBlock, SessionState};
 pub use budget::{Budget, Options, TokenRatio};
+pub use changes::{Change, ChangeKind};
 pub use engine::{Engine, Outcome};
 pub use report::{Report, Tier};
 pub use tokens::TokenCache;

@@ -1,5 +1,5 @@
 //! The working plan: the forwarded conversation as a list of items, and the cheap tiers
-//! that edit it (tier 1 elide, tier 4 fallback).
+//! that edit it (elide and the fallback cut: stubs are tier 1, drops tier 4).
 //!
 //! An item is what is kept or dropped as a whole: a pinned message, a user message, one
 //! unit of work (an assistant message with the results answering its calls), or a

@@ -5,6 +5,7 @@ use serde::Serialize;
 pub use crate::vocab::Tier;
 
 use super::budget::Budget;
+use super::changes::{Change, ChangeKind};
 use super::plan::Plan;
 
 /// The report of one `compact` call (serializable for `--report-json` and logs).
@@ -20,7 +21,8 @@ pub struct Report {
     pub tokens_before_exact: bool,
     /// Prompt tokens of the forwarded request.
     pub tokens_after: usize,
-    /// Highest tier applied.
+    /// Highest tier applied: the deepest of the folds made and of the changes forwarded
+    /// (see [`super::changes`]).
     pub tier: Tier,
     /// The call was forced (below the trigger).
     pub forced: bool,
@@ -51,7 +53,7 @@ pub struct Report {
     /// folds already made (and no new elision), for the caller to summarize the fold in
     /// the background and apply it to a later request.
     pub fold_postponed: bool,
-    /// The previous request's cut was applied again (tier 4 without a new cut).
+    /// The previous request's cut was applied again (no new cut made).
     pub cut_reused: bool,
     /// Stored blocks a new block took the place of (its digest carries theirs): the
     /// forwarded prefix changes from their first digest on.
@@ -75,6 +77,9 @@ pub struct Report {
     /// made the prompt differ from the conversation as last forwarded (with what the
     /// client added since): what the provider writes to its cache again.
     pub rewritten_tokens: usize,
+    /// Every change made to the original messages, in their order (see
+    /// [`super::changes`]).
+    pub changes: Vec<Change>,
 }
 
 impl Report {
@@ -115,6 +120,7 @@ impl Report {
             rereads: 0,
             fits: true,
             rewritten_tokens: 0,
+            changes: Vec::new(),
         }
     }
 
@@ -128,5 +134,59 @@ impl Report {
         self.elided = live.iter().map(|i| i.elided).sum();
         self.folded = live.iter().map(|i| i.folds).sum();
         self.dropped = original.saturating_sub(self.kept + self.elided + self.folded);
+    }
+
+    /// Why the request got its tier, in a few words: what was reused, folded, postponed,
+    /// cut or dropped, or why nothing was (e.g. "fold postponed, tool output cut to fit").
+    pub fn why(&self) -> String {
+        let mut why: Vec<String> = Vec::new();
+        let mut say = |text: &str| why.push(text.to_owned());
+        if self.forced {
+            say("forced after a context overflow");
+        }
+        if self.blocks_reused > 0 {
+            say(&format!("{} stored fold block(s) reused", self.blocks_reused));
+        }
+        if self.blocks_invalidated > 0 {
+            say(&format!("{} stored fold block(s) no longer matched", self.blocks_invalidated));
+        }
+        if self.used_prefetched {
+            say("a digest written in the background applied");
+        }
+        let made = self.blocks_new - usize::from(self.used_prefetched);
+        if self.goal_batches > 0 {
+            say("old turns and digests batched into a goal history");
+        } else if made > 0 {
+            say("old work folded into a digest");
+        }
+        if self.fold_postponed {
+            say("fold postponed to the background");
+        }
+        if self.fold_deferred {
+            say("fold deferred: another request is writing this conversation's digest");
+        }
+        if self.folds_rejected > 0 {
+            say("a fold that would not have made the prompt smaller discarded");
+        }
+        if self.cut_reused {
+            say("the previous request's cut reused");
+        }
+        let cut = |kind| self.changes.iter().any(|c: &Change| c.kind == kind);
+        if cut(ChangeKind::Elided) {
+            say("tool output cut to stubs to fit");
+        }
+        if cut(ChangeKind::Dropped) {
+            say("messages dropped to fit");
+        }
+        if !self.fits {
+            say("still over the window");
+        }
+        if why.is_empty() {
+            let over = self.tokens_before > self.budget.trigger;
+            let nothing =
+                if over { "over the trigger, nothing to take out" } else { "below the trigger" };
+            return nothing.to_owned();
+        }
+        why.join(", ")
     }
 }

@@ -4,19 +4,22 @@
 //! 1. [`Pass::start`]: the stored fold blocks that still match, the current turn
 //!    protected when it fits;
 //! 2. [`Pass::reuse_cut`]: the last request's cut, while it keeps the prompt under the
-//!    trigger (tier 0 reuse stays tier 0, a reused cut is tier 4);
+//!    trigger;
 //! 3. over the trigger (or forced): [`Pass::apply_prefetched`] (a block summarized
 //!    ahead of need), [`Pass::elide`] (tier 1), [`Pass::fold_or_postpone`] (tier 2, or
 //!    the fold postponed to the background while the request still fits),
-//!    [`Pass::goal_batch`] (tier 3), [`Pass::fallback`] (tier 4);
-//! 4. [`Pass::finish`]: the cut remembered, the report accounted, the neutral request
-//!    to forward.
+//!    [`Pass::goal_batch`] (tier 3), [`Pass::fallback`] (the cut: stubs, tier 1, then
+//!    drops, tier 4);
+//! 4. [`Pass::finish`]: the cut remembered, the report accounted with every change the
+//!    final plan makes (the tier of a cut is what it did: stubs only are tier 1), the
+//!    neutral request to forward.
 
 use std::sync::Arc;
 
 use super::CompactionError;
 use super::blocks::{CutItem, FoldBlock, add_block, applies};
 use super::budget::{Budget, Options};
+use super::changes::{changes, cut_tier};
 use super::engine::Outcome;
 use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::keep::Keep;
@@ -186,7 +189,6 @@ impl<'a> Pass<'a> {
         match self.apply_cut()? {
             Some(kept) if kept.total() <= self.budget.trigger && !*self.stored.cut_postponed => {
                 self.plan = kept;
-                self.report.tier = Tier::Fallback;
                 self.report.cut_reused = true;
                 Ok(None)
             }
@@ -220,13 +222,11 @@ impl<'a> Pass<'a> {
     /// Tier 1: old tool output and content before `tail0` elided to stubs, while over
     /// target. Returns what to forward if the fold is postponed (no elision either, so
     /// that the prefix is rewritten once, when the digest lands), when that fits.
-    fn elide(&mut self, tail0: usize) -> Result<Option<(Plan, Tier)>, CompactionError> {
+    fn elide(&mut self, tail0: usize) -> Result<Option<Plan>, CompactionError> {
         let unelided = (self.opts.postpone_folds && self.plan.total() <= self.budget.fit_limit())
-            .then(|| (self.plan.clone(), self.report.tier));
+            .then(|| self.plan.clone());
         let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
-        if self.plan.elide_before(tail0, min, target, &mut self.counter)? {
-            self.report.tier = self.report.tier.max(Tier::Elide);
-        }
+        self.plan.elide_before(tail0, min, target, &mut self.counter)?;
         Ok(unelided)
     }
 
@@ -237,7 +237,7 @@ impl<'a> Pass<'a> {
     async fn fold_or_postpone(
         &mut self,
         tail0: usize,
-        unelided: Option<(Plan, Tier)>,
+        unelided: Option<Plan>,
         over: &Over<'_>,
     ) -> Result<(), CompactionError> {
         if self.plan.total() <= self.budget.target {
@@ -258,9 +258,8 @@ impl<'a> Pass<'a> {
         }
         let absorb = self.digests_outgrown(blocks_end);
         let folded = match self.postponed(unelided, over.recut)? {
-            Some((forwarded, tier)) => {
+            Some(forwarded) => {
                 self.plan = forwarded;
-                self.report.tier = self.report.tier.max(tier);
                 self.report.fold_postponed = true;
                 None
             }
@@ -296,9 +295,9 @@ impl<'a> Pass<'a> {
     /// now.
     fn postponed(
         &mut self,
-        unelided: Option<(Plan, Tier)>,
+        unelided: Option<Plan>,
         recut: Option<&Plan>,
-    ) -> Result<Option<(Plan, Tier)>, CompactionError> {
+    ) -> Result<Option<Plan>, CompactionError> {
         if unelided.is_some() || !self.opts.postpone_folds {
             return Ok(unelided);
         }
@@ -306,13 +305,13 @@ impl<'a> Pass<'a> {
         // the prefix stays as forwarded until the digest lands.
         if let Some(kept) = recut.filter(|kept| kept.total() <= self.budget.fit_limit()) {
             self.report.cut_reused = true;
-            return Ok(Some((kept.clone(), Tier::Fallback)));
+            return Ok(Some(kept.clone()));
         }
         // Cut to the trigger, not just under the limit, so that the requests until the
         // digest lands fit the same cut.
         let goals = self.goals(self.budget.trigger, self.budget.fit_limit());
         let cut = self.plan.cut_to_fit(goals, self.protect, &mut self.counter)?;
-        Ok(cut.map(|cut| (cut, Tier::Fallback)))
+        Ok(cut)
     }
 
     /// Tier 3: while small user messages and digests take more than the floor, the
@@ -388,11 +387,9 @@ impl<'a> Pass<'a> {
             return Ok(());
         }
         let goals = self.goals(target, self.budget.budget);
-        // Tier 4 only when it cut something: a prompt over target that it cannot cut
-        // (all of it a current turn that fits) is forwarded as it was.
-        if self.plan.fallback(goals, self.protect, &mut self.counter)? {
-            self.report.tier = Tier::Fallback;
-        }
+        // The tier is what the cut did (see `finish`): a prompt over target that it
+        // cannot cut (all of it a current turn that fits) is forwarded as it was.
+        self.plan.fallback(goals, self.protect, &mut self.counter)?;
         Ok(())
     }
 
@@ -489,6 +486,10 @@ impl<'a> Pass<'a> {
         *self.stored.cut_postponed = self.report.fold_postponed && !self.stored.cut.is_empty();
         let forwarded = self.plan.messages();
         self.report.account(&self.plan, msgs.len());
+        let blocks = &*self.stored.blocks;
+        let changes = changes(&self.plan, blocks, msgs, self.src.tokens, &mut self.counter);
+        self.report.tier = self.report.tier.max(cut_tier(&changes));
+        self.report.changes = changes;
         if let Some(previous) = &self.previous {
             self.report.rewritten_tokens =
                 rewritten(&forwarded, &previous.messages, &mut self.counter);

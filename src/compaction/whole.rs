@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::CompactionError;
 use super::budget::{Budget, Options};
+use super::changes::{Change, ChangeKind, quote};
 use super::engine::Engine;
 use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::keep::Keep;
@@ -154,6 +155,15 @@ fn whole_fold(
     let common = block.verbatim.iter().enumerate().take_while(|(j, i)| j == *i).count();
     let kept_after: usize = block.verbatim[common..].iter().map(|&i| m.tokens[i]).sum();
     report.rewritten_tokens = kept_after + digest_tokens;
+    report.changes = vec![Change {
+        kind: ChangeKind::Folded,
+        tier: Tier::Fold,
+        start: 0,
+        end: m.tokens.len(),
+        tokens_before: m.tokens_before.saturating_sub(m.fixed + kept_tokens),
+        tokens_after: digest_tokens,
+        text: Some(quote(&message.text())),
+    }];
     Ok(WholeFold { report, digest: message.text(), message, kept: block.verbatim, digest_tokens })
 }
 

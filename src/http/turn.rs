@@ -14,9 +14,9 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::body::ProxyBody;
 use super::dialect::Dialect;
-use super::inspect::Inspector;
+use super::inspect::{EdgeFacts, Inspector};
 use super::served_by::ProviderApis;
-use super::usage_tap::{OnUsage, team_of};
+use super::usage_tap::{OnUsage, UsageSlot, team_of};
 use crate::compaction::{FoldWhen, Options, Report, WholeFold};
 use crate::conversation::{Caller, Conversations, Decision, Overflow};
 use crate::learned::model_key;
@@ -65,6 +65,12 @@ pub struct Turn<'a, D: Dialect> {
     learned_window: bool,
     /// The provider compaction API foldgate served on this request, when it changed it.
     provider_api: Option<ProviderApi>,
+    /// Where the usage of the answer being sent arrives when it ends (while the
+    /// inspector is on: the request is recorded with it).
+    answer: Option<UsageSlot>,
+    /// What foldgate changed besides the engine's compaction (a provider's edits it
+    /// served), in a few words each: recorded with why the request got its tier.
+    notes: Vec<String>,
 }
 
 /// A deeper compaction to send after an overflow error.
@@ -154,6 +160,8 @@ impl Turns {
             overflow: None,
             learned_window: false,
             provider_api: None,
+            answer: None,
+            notes: Vec::new(),
         })
     }
 
@@ -204,10 +212,24 @@ impl<D: Dialect> Turn<'_, D> {
         serde_json::from_slice::<Stream>(self.original).is_ok_and(|s| s.stream)
     }
 
+    /// What to do when the answer about to be sent ends, with the usage it reported:
+    /// record the request in the inspector, and calibrate token counts (see
+    /// [`Turn::calibration`]). Call once per answer sent: the last one is recorded.
+    pub fn on_usage(&mut self) -> Option<OnUsage> {
+        let calibration = self.calibration();
+        if self.turns.inspector.is_none() {
+            return calibration;
+        }
+        let slot = UsageSlot::default();
+        let on_usage = slot.on_usage(calibration);
+        self.answer = Some(slot);
+        Some(on_usage)
+    }
+
     /// For a dialect whose provider counts tokens with an encoder the engine does not
     /// have, and a forwarded prompt the engine counted exactly: what to do with the usage
     /// the upstream reports (calibrate the model's and the conversation's ratio).
-    pub fn on_usage(&self) -> Option<OnUsage> {
+    fn calibration(&self) -> Option<OnUsage> {
         if !self.dialect.calibrated() {
             return None;
         }
@@ -219,7 +241,11 @@ impl<D: Dialect> Turn<'_, D> {
         let conversations = &self.turns.conversations;
         let counted =
             conversations.counted(&self.key, &self.model_name, tokens, self.decision.token_ratio);
-        Some(Box::new(move |usage: super::usage_tap::Usage| counted.observe(usage.prompt)))
+        Some(Box::new(move |usage: Option<super::usage_tap::Usage>| {
+            if let Some(usage) = usage {
+                counted.observe(usage.prompt);
+            }
+        }))
     }
 
     /// False when an overflow could not be retried: the request relies on conversation
@@ -315,6 +341,12 @@ impl<D: Dialect> Turn<'_, D> {
         self.provider_api = Some(api);
     }
 
+    /// Notes a change foldgate made to the request besides the engine's compaction (it
+    /// is recorded with why the request got its tier).
+    pub fn note(&mut self, change: String) {
+        self.notes.push(change);
+    }
+
     /// True when the forwarded body is a retry after an overflow error.
     fn retried(&self) -> bool {
         self.overflow == Some(OverflowRetry::Retried)
@@ -335,7 +367,14 @@ impl<D: Dialect> Turn<'_, D> {
         let (metrics, decision) = (self.metrics, &self.decision);
         if let Some(inspector) = &self.turns.inspector {
             let (key, model, api) = (&self.key, self.model, self.provider_api);
-            inspector.record(self.headers, key, model, decision, self.retried(), api);
+            let edge = EdgeFacts { retried: self.retried(), api, notes: &self.notes };
+            let entry = inspector.entry(self.headers, key, model, decision, edge);
+            match &self.answer {
+                Some(answer) => answer.then(Box::new(move |usage| {
+                    entry.write(usage.map(super::usage_tap::Usage::entry));
+                })),
+                None => entry.write(None),
+            }
         }
         let route = self.dialect.route();
         metrics.chat_request(route, decision.outcome);
@@ -417,6 +456,7 @@ fn log_decision(decision: &Decision, retry: bool) {
         outcome = decision.outcome.as_str(),
         retry,
         tier = report.tier.number(),
+        why = %report.why(),
         tokens_before = report.tokens_before,
         tokens_after = report.tokens_after,
         folded = report.folded,

@@ -4,7 +4,7 @@
 //! in the metrics, and (traces exported) on the span of the request the response answers,
 //! which the tap keeps open until then.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use std::borrow::Cow;
 
@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 use crate::metrics::{Metrics, PromptSplit, model_label};
+use crate::session::record::UsageEntry;
 use crate::telemetry::span::{self, UsageRecord};
 
 /// JSON bodies larger than this are not parsed for usage.
@@ -56,6 +57,18 @@ struct Details {
     cached_tokens: Option<u64>,
 }
 
+impl Usage {
+    /// As the session inspector records it.
+    pub fn entry(self) -> UsageEntry {
+        UsageEntry {
+            prompt: self.prompt,
+            cache_read: self.cached,
+            cache_write: self.cache_write,
+            completion: self.completion,
+        }
+    }
+}
+
 impl From<UsageFields> for Usage {
     fn from(u: UsageFields) -> Self {
         let details = u.prompt_tokens_details.or(u.input_tokens_details);
@@ -89,8 +102,70 @@ enum Format {
     Ignored,
 }
 
-/// Called once with a response's usage, after its body ended.
-pub type OnUsage = Box<dyn FnOnce(Usage) + Send>;
+/// Called once after a response's body ended (completely, failed or dropped), with the
+/// usage it carried, if any.
+pub type OnUsage = Box<dyn FnOnce(Option<Usage>) + Send>;
+
+/// Where the usage of a request's answer meets whoever needs it once the answer ended:
+/// the tap ends it ([`UsageSlot::end`], through [`UsageSlot::on_usage`]); what is to
+/// run then ([`UsageSlot::then`]) runs once, at the end or at once if that was earlier.
+#[derive(Clone, Default)]
+pub struct UsageSlot(Arc<Mutex<Slot>>);
+
+/// What a [`UsageSlot`] holds.
+#[derive(Default)]
+enum Slot {
+    /// Neither the end nor a waiter yet.
+    #[default]
+    Open,
+    /// The answer ended, with this usage.
+    Ended(Option<Usage>),
+    /// Runs when the answer ends.
+    Waiting(OnUsage),
+    /// Done.
+    Spent,
+}
+
+impl UsageSlot {
+    /// The answer ended with `usage`: runs the waiter, if one is registered.
+    pub fn end(&self, usage: Option<Usage>) {
+        let Ok(mut slot) = self.0.lock() else { return };
+        match std::mem::take(&mut *slot) {
+            Slot::Waiting(waiter) => {
+                *slot = Slot::Spent;
+                drop(slot);
+                waiter(usage);
+            }
+            Slot::Open => *slot = Slot::Ended(usage),
+            done => *slot = done,
+        }
+    }
+
+    /// Runs `waiter` with the answer's usage when the answer ends, or now if it has.
+    pub fn then(&self, waiter: OnUsage) {
+        let Ok(mut slot) = self.0.lock() else { return };
+        match std::mem::take(&mut *slot) {
+            Slot::Ended(usage) => {
+                *slot = Slot::Spent;
+                drop(slot);
+                waiter(usage);
+            }
+            Slot::Open => *slot = Slot::Waiting(waiter),
+            done => *slot = done,
+        }
+    }
+
+    /// The tap's side: ends this slot, after `also` (if any) saw the usage.
+    pub fn on_usage(&self, also: Option<OnUsage>) -> OnUsage {
+        let slot = self.clone();
+        Box::new(move |usage| {
+            if let Some(also) = also {
+                also(usage);
+            }
+            slot.end(usage);
+        })
+    }
+}
 
 /// Records upstream usage into metrics when the response body it watches ends.
 pub struct UsageTap {
@@ -118,7 +193,7 @@ impl UsageTap {
         Self::wrap_with(inner, content_type, encoded, metrics, model, None, None)
     }
 
-    /// [`UsageTap::wrap`], also handing the usage found to `on_usage` at the end.
+    /// [`UsageTap::wrap`], also handing the usage found (if any) to `on_usage` at the end.
     pub fn wrap_with(
         inner: ProxyBody,
         content_type: Option<&str>,
@@ -197,12 +272,12 @@ impl UsageTap {
             }
             Format::Ignored => None,
         };
-        let Some((usage, answered_by)) = found else { return };
         if let Some(on_usage) = self.on_usage.take() {
             // What it does (a calibration stored) is part of the request's trace.
             let _request = self.span.enter();
-            on_usage(usage);
+            on_usage(found.as_ref().map(|(usage, _)| *usage));
         }
+        let Some((usage, answered_by)) = found else { return };
         let record = UsageRecord {
             input: usage.prompt,
             output: usage.completion,
@@ -381,7 +456,7 @@ pub fn tapped(
     tapped_with(response, metrics, model, team, None)
 }
 
-/// [`tapped`], also handing the usage found to `on_usage` when the body ends.
+/// [`tapped`], also handing the usage found (if any) to `on_usage` when the body ends.
 pub fn tapped_with(
     response: http::Response<ProxyBody>,
     metrics: &Arc<Metrics>,

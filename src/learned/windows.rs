@@ -18,6 +18,12 @@ const MAX_MODELS: usize = 1024;
 /// change models' windows; a stale one only makes compaction start early).
 pub const WINDOW_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Windows below this many tokens are not learned, whoever states them (an upstream's
+/// error, a value read back from the store): no chat model has one, and learning one
+/// (for a week, on every replica) would cut every request of the model to almost
+/// nothing.
+pub const MIN_WINDOW: usize = 1024;
+
 /// The windows learned so far, by model key.
 #[derive(Debug, Default)]
 pub struct LearnedWindows {
@@ -36,7 +42,7 @@ impl LearnedWindows {
     /// Remembers `window` for `model`; true when it is new or smaller than before (a
     /// window only shrinks: a larger stated one may come from another deployment).
     pub fn learn(&self, model: &str, window: usize) -> bool {
-        if window == 0 {
+        if window < MIN_WINDOW {
             return false;
         }
         if let Some(mut entry) = self.map.get_mut(model) {

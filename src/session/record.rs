@@ -12,10 +12,18 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::vocab::{Outcome, ProviderApi};
+use crate::vocab::{ChangeKind, Outcome, ProviderApi};
 
 /// Number of tiers counted (0 to 4, see `compaction::Tier`).
 pub const TIERS: usize = 5;
+
+/// A request records at most this many changes (the rest are counted): a long
+/// conversation cut hard stays a bounded record entry.
+pub const CHANGES_MAX: usize = 64;
+
+/// The changes of only this many of the last requests are kept (each request repeats
+/// most of its predecessor's): what a record holds stays small beside the history.
+pub const CHANGES_HISTORY: usize = 10;
 
 /// One request of a conversation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -37,6 +45,8 @@ pub struct RequestEntry {
     pub folds: u16,
     /// Original messages it did not forward in any form.
     pub dropped: u32,
+    /// Original messages it forwarded with their content replaced by a stub.
+    pub stubbed: u32,
     /// Messages it carried.
     pub messages: u32,
     /// It was sent again, compacted deeper, after a context-overflow error.
@@ -45,6 +55,63 @@ pub struct RequestEntry {
     pub api: Option<ProviderApi>,
     /// Prompt tokens the provider caches again because of its compaction.
     pub rewritten: u32,
+    /// Why it got its tier, in a few words.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub why: String,
+    /// The usage the upstream reported for it, when its answer carried one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageEntry>,
+}
+
+/// One change compaction made to a request's messages `start..end`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChangeEntry {
+    /// What was done.
+    pub kind: ChangeKind,
+    /// The tier it belongs to (1 stubbed, 2 folded, 3 goal history, 4 dropped).
+    pub tier: u8,
+    /// First original message changed.
+    pub start: u32,
+    /// One past the last.
+    pub end: u32,
+    /// Their tokens as sent.
+    pub tokens_before: u32,
+    /// Tokens forwarded in their place.
+    pub tokens_after: u32,
+    /// The start of the stub or digest forwarded in their place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// The prompt and completion tokens an upstream reported for one request, the prompt
+/// split by what the provider's cache did with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct UsageEntry {
+    /// Prompt tokens in all.
+    pub prompt: u64,
+    /// Of those, read from the provider's cache.
+    pub cache_read: u64,
+    /// Of those, written to the provider's cache.
+    pub cache_write: u64,
+    /// Completion tokens.
+    pub completion: u64,
+}
+
+/// What compaction changed of one request's messages, in their order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RequestChanges {
+    /// The first [`CHANGES_MAX`] changes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<ChangeEntry>,
+    /// Changes past [`CHANGES_MAX`], counted only.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub more: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A fold block, as recorded by the request that made it.
@@ -68,6 +135,8 @@ pub struct RecordUpdate {
     pub model: String,
     /// The request.
     pub request: RequestEntry,
+    /// What it changed.
+    pub changes: RequestChanges,
     /// The fold blocks it made.
     pub folds: Vec<FoldEntry>,
     /// At most this many requests (and folds) are kept.
@@ -135,6 +204,9 @@ pub struct Record {
     pub requests: VecDeque<RequestEntry>,
     /// The last folds made, oldest first.
     pub folds: VecDeque<FoldEntry>,
+    /// The changes of the last [`CHANGES_HISTORY`] requests, oldest first: the last of
+    /// them belongs to the last request (one is added per request, empty or not).
+    pub changes: VecDeque<RequestChanges>,
 }
 
 impl Record {
@@ -144,8 +216,10 @@ impl Record {
         let limit = update.history.max(1);
         self.requests.push_back(update.request);
         self.folds.extend(update.folds);
+        self.changes.push_back(update.changes);
         trim(&mut self.requests, limit);
         trim(&mut self.folds, limit);
+        trim(&mut self.changes, limit.min(CHANGES_HISTORY));
     }
 }
 
@@ -170,6 +244,7 @@ mod tests {
             tenant: Some("t".into()),
             model: "gpt-4o".into(),
             request: RequestEntry { at, tier, tokens_before: 10, dropped: 0, ..Default::default() },
+            changes: RequestChanges::default(),
             folds: (0..folds).map(|i| FoldEntry { at, start: i as u32, end: 1 }).collect(),
             history,
         }

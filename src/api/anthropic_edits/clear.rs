@@ -32,6 +32,18 @@ pub enum AppliedEdit {
 }
 
 impl AppliedEdit {
+    /// What the edit did, in a few words (for the request's record).
+    pub fn describe(&self) -> String {
+        match *self {
+            Self::ClearToolUses { cleared_tool_uses, cleared_input_tokens } => format!(
+                "clear_tool_uses_20250919 cleared {cleared_tool_uses} tool use(s), {cleared_input_tokens} input tokens"
+            ),
+            Self::ClearThinking { cleared_thinking_turns, cleared_input_tokens } => format!(
+                "clear_thinking_20251015 removed the thinking of {cleared_thinking_turns} turn(s), {cleared_input_tokens} input tokens"
+            ),
+        }
+    }
+
     /// Input tokens the edit removed.
     pub fn cleared_input_tokens(&self) -> usize {
         match *self {

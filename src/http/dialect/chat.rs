@@ -11,6 +11,7 @@ use crate::api;
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
 use crate::http::session_key::session_key_of_outline;
+use crate::learned::windows::MIN_WINDOW;
 use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::outline::Outline;
@@ -67,8 +68,12 @@ impl Dialect for ChatCompletions {
     }
 }
 
+/// Stated windows below this many tokens are not believed (see [`MIN_WINDOW`]).
+pub const MIN_STATED_WINDOW: usize = MIN_WINDOW;
+
 /// The context window a provider's overflow message states, e.g. "maximum context
-/// length is 8192 tokens" or "210000 tokens > 200000 maximum".
+/// length is 8192 tokens" or "210000 tokens > 200000 maximum"; `None` when it states
+/// none, or one below [`MIN_STATED_WINDOW`].
 pub fn stated_window(body: &[u8]) -> Option<usize> {
     let text = String::from_utf8_lossy(body).to_ascii_lowercase();
     ["maximum context length is ", "context length is ", " > "].iter().find_map(|marker| {
@@ -78,7 +83,7 @@ pub fn stated_window(body: &[u8]) -> Option<usize> {
             .take_while(|c| c.is_ascii_digit() || *c == ',')
             .filter(char::is_ascii_digit)
             .collect();
-        digits.parse().ok()
+        digits.parse().ok().filter(|&window| window >= MIN_STATED_WINDOW)
     })
 }
 
@@ -125,6 +130,9 @@ mod tests {
             Some(200_000)
         );
         assert_eq!(stated_window(b"too long"), None);
+        // Found by fuzzing: a window of 0 (or any implausibly small one) is not stated.
+        assert_eq!(stated_window(b"{kens > 0000 mumror"), None);
+        assert_eq!(stated_window(b"maximum context length is 12 tokens"), None);
     }
 
     #[test]

@@ -17,9 +17,11 @@ use http::{HeaderMap, Response, StatusCode, header};
 
 use super::body::{ProxyBody, full};
 use super::error::ProxyError;
-use crate::compaction::SessionState;
+use crate::compaction::{Change, SessionState};
 use crate::conversation::Decision;
-use crate::session::record::{FoldEntry, RequestEntry, now_ms};
+use crate::session::record::{
+    CHANGES_MAX, ChangeEntry, FoldEntry, RequestChanges, RequestEntry, UsageEntry, now_ms,
+};
 use crate::session::{RecordUpdate, SessionKey, SessionStore};
 use crate::vocab::{Outcome, ProviderApi};
 
@@ -44,18 +46,20 @@ impl Inspector {
         Self { store, history, tenant_view }
     }
 
-    /// Adds what `decision` did to the record of conversation `key`; the tenant is the
-    /// hash of the request's credential. Never waits (see [`SessionStore::record`]).
-    pub fn record(
+    /// What `decision` did, for the record of conversation `key` (the tenant is the
+    /// hash of the request's credential): written by [`PendingRecord::write`] once the
+    /// answer ended, with the usage it reported.
+    pub fn entry(
         &self,
         headers: &HeaderMap,
         key: &SessionKey,
         model: &str,
         decision: &Decision,
-        retried: bool,
-        api: Option<ProviderApi>,
-    ) {
+        edge: EdgeFacts<'_>,
+    ) -> PendingRecord {
+        let EdgeFacts { retried, api, notes } = edge;
         let at = now_ms();
+        let mut changes = RequestChanges::default();
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let mut request = RequestEntry {
             at,
@@ -80,6 +84,22 @@ impl Inspector {
             if request.outcome != Outcome::Passthrough {
                 request.dropped = small(report.dropped);
             }
+            if decision.outcome.engine_compacted() {
+                request.stubbed = small(report.elided);
+                let all = &report.changes;
+                changes.changes = all.iter().take(CHANGES_MAX).map(change_entry).collect();
+                changes.more = small(all.len().saturating_sub(CHANGES_MAX));
+            }
+            request.why = report.why();
+        }
+        if !notes.is_empty() {
+            let why = std::mem::take(&mut request.why);
+            request.why = notes
+                .iter()
+                .cloned()
+                .chain((!why.is_empty()).then_some(why))
+                .collect::<Vec<_>>()
+                .join(", ");
         }
         let folds = decision
             .new_blocks
@@ -90,10 +110,11 @@ impl Inspector {
             tenant: super::session_key::tenant(headers),
             model: model.to_owned(),
             request,
+            changes,
             folds,
             history: self.history,
         };
-        self.store.record(key, update);
+        PendingRecord { store: self.store.clone(), key: key.clone(), update }
     }
 
     /// The sessions, most recently seen first; only `tenant`'s when given.
@@ -132,6 +153,47 @@ impl Inspector {
         }
         tracing::info!(session = key.as_str(), "session forgotten by the inspection API");
         Ok(json(StatusCode::OK, &serde_json::json!({"forgotten": key.as_str()})))
+    }
+}
+
+/// What the edge knows of a request besides its decision.
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeFacts<'a> {
+    /// It was sent again, compacted deeper, after a context overflow.
+    pub retried: bool,
+    /// The provider compaction API foldgate served on it, when it changed it.
+    pub api: Option<ProviderApi>,
+    /// Changes foldgate made besides the engine's compaction, in a few words each.
+    pub notes: &'a [String],
+}
+
+/// A request's record entry, to be written when its answer has ended.
+pub struct PendingRecord {
+    store: Arc<dyn SessionStore<SessionState>>,
+    key: SessionKey,
+    update: RecordUpdate,
+}
+
+impl PendingRecord {
+    /// Writes the entry, with the usage the upstream reported, if any. Never waits (see
+    /// [`SessionStore::record`]).
+    pub fn write(mut self, usage: Option<UsageEntry>) {
+        self.update.request.usage = usage;
+        self.store.record(&self.key, self.update);
+    }
+}
+
+/// A change as recorded.
+fn change_entry(change: &Change) -> ChangeEntry {
+    let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    ChangeEntry {
+        kind: change.kind,
+        tier: change.tier.number(),
+        start: small(change.start),
+        end: small(change.end),
+        tokens_before: small(change.tokens_before),
+        tokens_after: small(change.tokens_after),
+        text: change.text.clone(),
     }
 }
 

@@ -50,13 +50,21 @@ pub fn detail(
         .unwrap_or_default();
     let mut requests = Vec::with_capacity(record.requests.len());
     let mut drops = Vec::new();
-    for (n, r) in (first..).zip(&record.requests) {
+    // The changes kept belong to the last requests, one each.
+    let without_changes = record.requests.len().saturating_sub(record.changes.len());
+    let mut changes =
+        record.changes.iter().skip(record.changes.len().saturating_sub(record.requests.len()));
+    for (i, (n, r)) in (first..).zip(&record.requests).enumerate() {
         if r.dropped > 0 {
             drops.push(json!({"request": n, "at": r.at, "dropped": r.dropped}));
         }
         let mut entry = serde_json::to_value(r).unwrap_or(Value::Null);
         if let Value::Object(map) = &mut entry {
             map.insert("n".to_owned(), json!(n));
+            if let Some(c) = (i >= without_changes).then(|| changes.next()).flatten() {
+                map.insert("changes".to_owned(), json!(c.changes));
+                map.insert("changes_more".to_owned(), json!(c.more));
+            }
         }
         requests.push(entry);
     }

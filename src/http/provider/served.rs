@@ -87,6 +87,9 @@ pub async fn serve<D: Dialect>(
                 metrics.provider_compaction(ProviderApi::MessagesContextManagement, true);
                 turn.served(ProviderApi::MessagesContextManagement);
             }
+            for edit in applied {
+                turn.note(edit.describe());
+            }
             Some(addition)
         }
     }

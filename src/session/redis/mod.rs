@@ -21,7 +21,8 @@
 //!   `<api>|<upstream>` (a few entries; expires a week after the last one learned).
 //! - Inspection records (see [`super::record`]), written only when the inspector is on:
 //!   `<p>{<key>}:m` the summary (a hash of counters), `<p>{<key>}:r` and `<p>{<key>}:f`
-//!   the last requests and folds (lists of JSON, trimmed to the history), and
+//!   the last requests and folds (lists of JSON, trimmed to the history), `<p>{<key>}:c`
+//!   the changes of the last requests (one JSON element per request, the last ten), and
 //!   `<p>t:<tenant>` the set of a tenant's keys (a slot of its own, written beside the
 //!   record's `MULTI`); each expires `ttl` after last use. An append is one `MULTI`
 //!   (counters by `HINCRBY`, lists by `RPUSH` and `LTRIM`), so replicas never lose each
@@ -51,7 +52,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dashmap::DashMap;
 
-use super::record::{FoldEntry, RequestEntry, TIERS};
+use super::record::{CHANGES_HISTORY, FoldEntry, RequestEntry, TIERS};
 use super::{
     Lease, Loaded, Record, RecordUpdate, Saved, SessionKey, StoreError, StoredState, Summary,
 };
@@ -193,6 +194,7 @@ impl<S> RedisStore<S> {
     fn record_pipeline(&self, key: &SessionKey, update: &RecordUpdate) -> ::redis::Pipeline {
         let (m, r, f) =
             (self.record_key("m", key), self.record_key("r", key), self.record_key("f", key));
+        let c = self.record_key("c", key);
         let request = &update.request;
         let history = i64::try_from(update.history.max(1)).unwrap_or(i64::MAX);
         let mut pipe = ::redis::pipe();
@@ -224,6 +226,11 @@ impl<S> RedisStore<S> {
             pipe.cmd("RPUSH").arg(&r).arg(json).ignore();
             pipe.cmd("LTRIM").arg(&r).arg(-history).arg(-1).ignore();
         }
+        // One element per request, so that the last of them is the last request's.
+        let changes = serde_json::to_string(&update.changes).unwrap_or_else(|_| "{}".to_owned());
+        let kept = history.min(CHANGES_HISTORY as i64);
+        pipe.cmd("RPUSH").arg(&c).arg(changes).ignore();
+        pipe.cmd("LTRIM").arg(&c).arg(-kept).arg(-1).ignore();
         if !update.folds.is_empty() {
             pipe.cmd("HINCRBY").arg(&m).arg("folds").arg(update.folds.len()).ignore();
             for fold in &update.folds {
@@ -233,7 +240,7 @@ impl<S> RedisStore<S> {
             }
             pipe.cmd("LTRIM").arg(&f).arg(-history).arg(-1).ignore();
         }
-        for part in [&m, &r, &f] {
+        for part in [&m, &r, &f, &c] {
             pipe.cmd("PEXPIRE").arg(part).arg(self.ttl_ms).ignore();
         }
         pipe
@@ -428,7 +435,7 @@ impl<S: StoredState + Send + Sync + 'static> StateStore<S> for RedisStore<S> {
     async fn forget(&self, key: &SessionKey) -> Result<bool, StoreError> {
         let mut cmd = ::redis::cmd("DEL");
         cmd.arg(self.state_key(key));
-        for part in ["m", "r", "f"] {
+        for part in ["m", "r", "f", "c"] {
             cmd.arg(self.record_key(part, key));
         }
         let mut conn = self.conn.clone();
@@ -547,8 +554,9 @@ impl<S: StoredState + Send + Sync + 'static> RecordStore for RedisStore<S> {
         pipe.cmd("HGETALL").arg(self.record_key("m", key));
         pipe.cmd("LRANGE").arg(self.record_key("r", key)).arg(0).arg(-1);
         pipe.cmd("LRANGE").arg(self.record_key("f", key)).arg(0).arg(-1);
+        pipe.cmd("LRANGE").arg(self.record_key("c", key)).arg(0).arg(-1);
         let mut conn = self.conn.clone();
-        let (hash, requests, folds): (Vec<(String, String)>, Vec<String>, Vec<String>) =
+        let (hash, requests, folds, changes): Listed =
             self.run(pipe.query_async(&mut conn)).await?;
         if hash.is_empty() {
             return Ok(None);
@@ -560,9 +568,14 @@ impl<S: StoredState + Send + Sync + 'static> RecordStore for RedisStore<S> {
                 .filter_map(|j| serde_json::from_str::<RequestEntry>(j).ok())
                 .collect(),
             folds: folds.iter().filter_map(|j| serde_json::from_str::<FoldEntry>(j).ok()).collect(),
+            // An unreadable element stays in place (empty) so the rest stay aligned.
+            changes: changes.iter().map(|j| serde_json::from_str(j).unwrap_or_default()).collect(),
         }))
     }
 }
+
+/// A record's hash and its lists of requests, folds and changes, as read.
+type Listed = (Vec<(String, String)>, Vec<String>, Vec<String>, Vec<String>);
 
 /// A summary from its Redis hash (fields missing or unreadable count as zero).
 fn summary_of(hash: &[(String, String)]) -> Summary {

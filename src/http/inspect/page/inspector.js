@@ -1,5 +1,8 @@
 // foldgate's session inspector: the sessions table and, for one session (#session=KEY),
-// its chart of prompt tokens per request and its digests. Plain DOM, no dependencies.
+// its chart of prompt tokens per request (folds, cuts and drops marked), every change
+// each request made (what was stubbed, folded or dropped, with its size before and
+// after), what the provider's cache did with it, and its digests. Plain DOM, no
+// dependencies.
 // The admin token, when one is needed, is asked for once and kept in sessionStorage
 // (or given in the fragment as #token=..., which never reaches a server).
 "use strict";
@@ -70,6 +73,26 @@
     });
   }
 
+  function usageText(u) {
+    if (!u) return "";
+    const uncached = Math.max(0, u.prompt - u.cache_read - u.cache_write);
+    return "upstream: " + u.prompt + " prompt (" + uncached + " uncached, " + u.cache_read +
+      " cache read, " + u.cache_write + " cache write), " + u.completion + " completion";
+  }
+
+  function requestLabel(r) {
+    const cuts = r.stubbed || 0;
+    return "request #" + r.n + " (" + time(r.at) + "): " + r.tokens_before + " → " +
+      r.tokens_after + " tokens, tier " + r.tier + ", " + r.outcome +
+      (r.why ? " (" + r.why + ")" : "") +
+      (r.wait_ms ? ", waited " + r.wait_ms + " ms" : "") +
+      (r.folds ? ", " + r.folds + " fold(s)" : "") + (cuts ? ", " + cuts + " message(s) stubbed" : "") +
+      (r.dropped ? ", " + r.dropped + " dropped" : "") +
+      (r.rewritten ? ", " + r.rewritten + " tokens written to the cache again" : "") +
+      (r.usage ? "; " + usageText(r.usage) : "") +
+      (r.api ? ", served " + r.api.replace(/_/g, " ") : "");
+  }
+
   function chart(svg, requests) {
     svg.replaceChildren();
     const width = 1000, height = 300, left = 56, right = 16, top = 16, bottom = 28;
@@ -99,16 +122,17 @@
       svg.append(el("svg:polyline", { class: "line-" + series, points: points }));
     }
     requests.forEach(function (r, i) {
-      const label = "request #" + r.n + " (" + time(r.at) + "): " + r.tokens_before + " → " +
-        r.tokens_after + " tokens, tier " + r.tier + ", " + r.outcome +
-        (r.wait_ms ? ", waited " + r.wait_ms + " ms" : "") +
-        (r.folds ? ", " + r.folds + " fold(s)" : "") + (r.dropped ? ", " + r.dropped + " dropped" : "") +
-        (r.api ? ", served " + r.api.replace(/_/g, " ") : "");
+      const label = requestLabel(r);
       svg.append(el("svg:circle", { class: "pt pt-before", cx: x(i), cy: y(r.tokens_before), r: 2.5 }, el("svg:title", {}, label)));
       svg.append(el("svg:circle", { class: "pt pt-after", cx: x(i), cy: y(r.tokens_after), r: 3.5, "data-request": r.n }, el("svg:title", {}, label)));
+      const cx = x(i);
       if (r.dropped > 0) {
-        const cx = x(i), cy = y(r.tokens_after) - 8;
-        svg.append(el("svg:path", { class: "mark-drop", d: "M" + (cx - 4) + "," + (cy - 6) + " L" + (cx + 4) + "," + (cy - 6) + " L" + cx + "," + cy + " Z" }, el("svg:title", {}, label)));
+        const cy = y(r.tokens_after) - 8;
+        svg.append(el("svg:path", { class: "mark-drop", "data-request": r.n, d: "M" + (cx - 4) + "," + (cy - 6) + " L" + (cx + 4) + "," + (cy - 6) + " L" + cx + "," + cy + " Z" }, el("svg:title", {}, label)));
+      }
+      if (r.stubbed > 0) {
+        const cy = y(r.tokens_after) + 9;
+        svg.append(el("svg:rect", { class: "mark-cut", "data-request": r.n, x: cx - 3.5, y: cy - 3.5, width: 7, height: 7 }, el("svg:title", {}, label)));
       }
     });
   }
@@ -138,6 +162,41 @@
         el("details", { class: "trail" },
           el("summary", {}, "work trail up to this fold: " + (b.trail || []).length + " entries"),
           el("pre", {}, (b.trail || []).join("\n")))));
+    }
+  }
+
+  const CHANGED = { elided: "stubbed", folded: "folded into a digest", dropped: "not forwarded" };
+
+  function messages(c) {
+    return c.end - c.start === 1 ? "message " + c.start : "messages " + c.start + "–" + (c.end - 1);
+  }
+
+  // Every request with a change, newest first: why its tier, what the provider's cache
+  // did, and each change with its size before and after and the text put in its place.
+  function changes(box, session) {
+    box.replaceChildren();
+    const changed = session.recent.filter((r) => (r.changes && r.changes.length) || r.why || r.usage);
+    if (!changed.length) {
+      box.append(el("p", { class: "status" }, "No request changed (yet)."));
+      return;
+    }
+    for (const r of changed.slice().reverse()) {
+      const items = el("ul", { class: "changes" });
+      for (const c of r.changes || []) {
+        items.append(el("li", { class: "change change-" + c.kind, "data-kind": c.kind, "data-start": c.start, "data-end": c.end,
+          "data-before": c.tokens_before, "data-after": c.tokens_after },
+          el("b", {}, messages(c) + " " + CHANGED[c.kind]),
+          " (tier " + c.tier + "): " + c.tokens_before + " → " + c.tokens_after + " tokens",
+          c.text ? el("code", { class: "stub" }, c.text) : null));
+      }
+      if (r.changes_more) items.append(el("li", { class: "status" }, "and " + r.changes_more + " more change(s)"));
+      box.append(el("div", { class: "request", "data-request": r.n },
+        el("div", { class: "meta" },
+          el("b", {}, "request #" + r.n), " · " + time(r.at) + " · " + r.tokens_before + " → " + r.tokens_after +
+          " tokens · tier " + r.tier + (r.why ? " · " + r.why : "")),
+        r.usage || r.rewritten ? el("div", { class: "meta usage" },
+          usageText(r.usage) + (r.rewritten ? (r.usage ? "; " : "") + r.rewritten + " prompt tokens rewritten by compaction" : "")) : null,
+        items));
     }
   }
 
@@ -175,6 +234,7 @@
         " · first seen " + time(s.first_seen) + " · last seen " + time(s.last_seen);
       chart(document.getElementById("chart"), s.recent);
       blocks(document.getElementById("blocks"), s);
+      changes(document.getElementById("changes"), s);
       drops(document.getElementById("drops"), s);
       document.body.setAttribute("data-loaded", key);
     }).catch(function (e) {

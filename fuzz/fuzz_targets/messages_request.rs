@@ -1,0 +1,4 @@
+#![no_main]
+//! Fuzz target: see `foldgate_fuzz::messages_request`.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| foldgate_fuzz::messages_request(data));
