@@ -9,6 +9,9 @@
 //! primaries), beside them.
 //!
 //! Run: `cargo bench --bench chat_overhead` (options: `--rate N`, `--seconds N`;
+//! `--otlp` adds a path with compaction warm and trace export on, every span sent over
+//! OTLP/HTTP to a mock collector on a thread of its own (a build without `[telemetry]`
+//! refuses to start with it);
 //! `BENCH_FOLDGATE_BIN=path` measures another build of foldgate).
 //! Targets: under 5 ms added at p99 at 100 requests per second; Redis over memory at
 //! most 0.5 ms at p99 on loopback.
@@ -161,6 +164,12 @@ fn main() {
             ];
             start_foldgate(mock, true, &env)
         });
+        // Trace export on, to a collector on a thread of its own.
+        let exporting = std::env::args().any(|a| a == "--otlp").then(|| {
+            let collector = collector();
+            let env = [("FOLDGATE_TELEMETRY__OTLP_ENDPOINT", format!("http://{collector}"))];
+            start_foldgate(mock, true, &env)
+        });
         let history = traces::conversation(108_000);
         // One distinct request per send: the stored history plus one new exchange.
         let bodies: Vec<Bytes> = (0..(rate * seconds) as usize).map(|turn| body(&history, turn)).collect();
@@ -177,6 +186,9 @@ fn main() {
         }
         if let Some(clustered) = &clustered {
             paths.push(("foldgate, compaction warm, Redis Cluster store", clustered.addr));
+        }
+        if let Some(exporting) = &exporting {
+            paths.push(("foldgate, compaction warm, OTLP export on", exporting.addr));
         }
         for &(name, addr) in &paths[2..] {
             warm_up(name, addr, &bodies[0]).await;
@@ -207,6 +219,9 @@ fn main() {
                 redis_p99 - p99[2]
             );
         }
+        if let Some(otlp_p99) = p99_of("foldgate, compaction warm, OTLP export on") {
+            println!("OTLP export on over off (memory store) at p99: {:.2} ms", otlp_p99 - p99[2]);
+        }
         if let Some(cluster_p99) = p99_of("foldgate, compaction warm, Redis Cluster store") {
             println!(
                 "Redis Cluster store over memory store at p99: {:.2} ms, added over direct: {:.2} ms",
@@ -215,6 +230,20 @@ fn main() {
             );
         }
     });
+}
+
+/// A collector for trace exports (the mock, which takes `POST /v1/traces`) on a thread
+/// and runtime of its own: receiving spans must not take time from the load generator.
+fn collector() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            tx.send(mock_upstream::start(COMPLETION).await).unwrap();
+            std::future::pending::<()>().await
+        });
+    });
+    rx.recv().unwrap()
 }
 
 /// Prints the bytes each session stored in `redis` takes: its state and Redis's memory.

@@ -157,7 +157,7 @@ fn session_store(
 /// counting, folding, summarizer calls) runs on a separate multi-threaded runtime, so
 /// it never stalls the connections of the thread that received the request.
 pub fn serve(config: Config) -> ExitCode {
-    let _log = crate::telemetry::init(&config.log);
+    let _telemetry = crate::telemetry::init(&config);
     match run(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

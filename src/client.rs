@@ -1,7 +1,10 @@
 //! The one way foldgate makes outbound connections: TCP with the upstream's connect
 //! timeout, TLS by rustls with the ring provider and the configured roots, HTTP/1.1 and
 //! HTTP/2 by ALPN. The proxy's upstream pool (`http::connections`) uses the connector;
-//! the LLM summarizer uses the pooled hyper-util client built on it.
+//! the LLM summarizer uses the pooled hyper-util client built on it, and the OTLP trace
+//! exporter (`http/protobuf`) opentelemetry-http's hyper client over it.
+
+use std::time::Duration;
 
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -31,6 +34,15 @@ where
         .pool_idle_timeout(upstream.pool_idle_timeout)
         .pool_max_idle_per_host(upstream.pool_max_idle_per_host)
         .build(https_connector(upstream)?))
+}
+
+/// The HTTP client of the OTLP trace exporter: the connector of [`https_client`], each
+/// export bounded by `timeout`. It needs a tokio runtime to send (the exporter's own).
+pub fn otlp_http_client(
+    upstream: &UpstreamConfig,
+    timeout: Duration,
+) -> Result<opentelemetry_http::hyper::HyperClient<HttpsConnector<HttpConnector>>, TlsSetupError> {
+    Ok(opentelemetry_http::hyper::HyperClient::new(https_connector(upstream)?, timeout, None))
 }
 
 /// The connector behind [`https_client`]: TCP with `upstream`'s connect timeout and

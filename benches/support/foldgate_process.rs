@@ -38,11 +38,14 @@ pub fn start_foldgate(options: FoldgateOptions<'_>) -> ChildGuard {
 }
 
 /// `<bin> serve` listening on `listen` and forwarding to the mock at `upstream`, logging
-/// at `warn`; every `FOLDGATE_*` variable and `RUST_LOG` of the caller removed.
+/// at `warn`; every `FOLDGATE_*` and `OTEL_*` variable and `RUST_LOG` of the caller
+/// removed (a caller's OpenTelemetry settings would turn trace export on).
 fn serve_command(bin: &Path, listen: SocketAddr, upstream: SocketAddr) -> Command {
     let mut command = Command::new(bin);
     command.arg("serve").env_remove("RUST_LOG");
-    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("FOLDGATE_")) {
+    for (key, _) in
+        std::env::vars().filter(|(k, _)| k.starts_with("FOLDGATE_") || k.starts_with("OTEL_"))
+    {
         command.env_remove(key);
     }
     command

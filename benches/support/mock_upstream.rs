@@ -1,7 +1,8 @@
 //! The mock provider of the benches: a hyper 1 server on a free loopback port that reads
 //! each request's whole body, then answers `POST /v1/chat/completions` with a fixed
 //! `chat.completion` (and 404 with the same body for anything else), on its own
-//! connection task per client connection.
+//! connection task per client connection. It also takes OTLP/HTTP trace exports
+//! (`POST /v1/traces`: 200, an empty answer), for a foldgate exporting its spans to it.
 
 use std::net::SocketAddr;
 
@@ -39,7 +40,12 @@ async fn answer(
     completion: &'static str,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let known = request.method() == Method::POST && request.uri().path() == "/v1/chat/completions";
+    let traces = request.method() == Method::POST && request.uri().path() == "/v1/traces";
     request.into_body().collect().await?;
+    if traces {
+        // An empty ExportTraceServiceResponse: every span accepted.
+        return Ok(Response::new(Full::new(Bytes::new())));
+    }
     let mut response = Response::new(Full::new(Bytes::from_static(completion.as_bytes())));
     if !known {
         *response.status_mut() = StatusCode::NOT_FOUND;

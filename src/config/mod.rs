@@ -1,7 +1,8 @@
 //! Configuration: plain serde data, the environment overlay, and validation.
 //!
 //! Sources, lowest precedence first: the embedded defaults (the same values as
-//! `config/foldgate.toml`), an optional TOML file, then environment variables
+//! `config/foldgate.toml`), the standard `OTEL_*` variables for `[telemetry]` (see
+//! `telemetry.rs`), an optional TOML file, then environment variables
 //! `FOLDGATE_<SECTION>__<KEY>` plus the short forms `FOLDGATE_LISTEN` and
 //! `FOLDGATE_UPSTREAM_URL`. Every error names the key and where its value came from.
 //! This module imports nothing else of the crate.
@@ -13,6 +14,7 @@ mod env;
 mod provider;
 mod secret;
 mod session;
+mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,7 @@ pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
 pub use provider::{COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy};
 pub use secret::{Secret, SecretUrl};
 pub use session::{RedisMode, SessionConfig, StoreKind, SummarizerConfig};
+pub use telemetry::{DEFAULT_SERVICE_NAME, OtlpProtocol, TelemetryConfig};
 
 /// The shipped configuration file, every option with its default.
 pub const DEFAULT_CONFIG_TOML: &str = include_str!("../../config/foldgate.toml");
@@ -55,6 +58,8 @@ pub struct Config {
     pub responses: ResponsesConfig,
     /// Anthropic's context management, for upstreams without it.
     pub messages: MessagesConfig,
+    /// OpenTelemetry trace export.
+    pub telemetry: TelemetryConfig,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -271,25 +276,33 @@ impl Config {
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
             ConfigError::Syntax { origin: origin.to_owned(), message: e.to_string() }
         })?;
-        let overrides = env::apply(&mut table, env)?;
-        let origin_of = |key: &str| -> String {
+        let mut overrides = env::apply(&mut table, env)?;
+        let origin_of = |overrides: &[env::Override], key: &str| -> String {
             overrides
                 .iter()
                 .find(|o| o.covers(key))
                 .map(|o| format!("environment variable {}", o.var))
                 .unwrap_or_else(|| origin.to_owned())
         };
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
                 let key = e.path().to_string();
                 ConfigError::Invalid {
-                    origin: origin_of(&key),
+                    origin: origin_of(&overrides, &key),
                     message: e.into_inner().to_string(),
                     key,
                 }
             })?;
+        let adopted = config.telemetry.adopt_standard_env(env).map_err(|(var, message)| {
+            ConfigError::Invalid {
+                origin: format!("environment variable {}", var.var),
+                key: var.key,
+                message,
+            }
+        })?;
+        overrides.extend(adopted);
         config.validate().map_err(|(key, message)| ConfigError::Invalid {
-            origin: origin_of(key),
+            origin: origin_of(&overrides, key),
             key: key.to_owned(),
             message,
         })?;
@@ -328,6 +341,7 @@ impl Config {
         self.summarizer.validate()?;
         self.admin.validate()?;
         self.responses.validate()?;
+        self.telemetry.validate()?;
         self.compaction.validate()
     }
 

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use futures_util::FutureExt;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::transaction::{panic_message, release};
 use super::{Conversations, Inner};
@@ -16,6 +17,7 @@ use crate::compaction::{FoldBlock, Options, SessionState};
 use crate::model::ChatRequest;
 use crate::session::{Loaded, Saved, SessionKey, StoreError};
 use crate::summarizer::Summarizer;
+use crate::telemetry::span;
 
 impl Conversations {
     /// Summarizes a fold outside the request path (see
@@ -38,11 +40,17 @@ impl Conversations {
         };
         let inner = self.inner.clone();
         let options = options.clone();
-        self.inner.tasks.spawn(async move {
+        // Traces exported: a trace of its own, linked to the request that started it.
+        let span = span::background_fold(match ahead {
+            Ahead::Due => "due",
+            Ahead::Prefetch { .. } => "prefetch",
+        });
+        let work = async move {
             let _in_flight = InFlight { inner: inner.clone(), key: key.clone(), done };
             let fold = Fold { key: &key, request: &request, ahead, options: &options };
             inner.fold_in_background(fold, summarizer.as_ref()).await;
-        });
+        };
+        self.inner.tasks.spawn(work.instrument(span));
     }
 
     /// Waits until the background folds running now have ended, at most `timeout`, and

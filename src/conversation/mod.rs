@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use self::counts::LocalCounts;
 pub use self::decision::{Decision, Rewritten};
@@ -39,6 +40,7 @@ use crate::model::ChatRequest;
 use crate::session::{SessionKey, SessionLocks, SessionStore, StoredState};
 use crate::summarizer::llm::{ClientHeaders, Credential, SummaryApi};
 use crate::summarizer::{ExtractiveSummarizer, Summarizer, SummarizerKind};
+use crate::telemetry;
 
 /// Version 1: fold blocks and the pending block as `compaction::SessionState` serializes
 /// them (token counts are never stored). Bump on any change that a reader of the current
@@ -215,9 +217,17 @@ impl Conversations {
         };
         let (this, key, request, options) =
             (self.clone(), key.clone(), request.clone(), options.clone());
-        runtime
-            .spawn(async move { this.compact_with(&key, &request, summarizer, &options).await })
-            .await
+        let work = async move { this.compact_with(&key, &request, summarizer, &options).await };
+        // The request's span (traces exported) goes along: the store operations and
+        // summarizer calls of the compaction are its children. Without one, the future
+        // is not moved into a wrapper (it is large).
+        let span = telemetry::span::current();
+        let task = if span.is_disabled() {
+            runtime.spawn(work)
+        } else {
+            runtime.spawn(work.instrument(span))
+        };
+        task.await
             .unwrap_or_else(|e| Decision::failed_open(format!("compaction task ended: {e}"), false))
     }
 
@@ -382,7 +392,13 @@ impl Conversations {
         };
         match &self.inner.runtime {
             Some(runtime) => {
-                runtime.spawn(work).await.map_err(|e| format!("fold task ended: {e}"))?
+                let span = telemetry::span::current();
+                let task = if span.is_disabled() {
+                    runtime.spawn(work)
+                } else {
+                    runtime.spawn(work.instrument(span))
+                };
+                task.await.map_err(|e| format!("fold task ended: {e}"))?
             }
             None => Box::pin(work).await,
         }
@@ -454,8 +470,8 @@ impl Counted {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        runtime.spawn(async move {
-            self.conversations.calibrate(&self.key, self.tokens, reported).await;
-        });
+        let calibrate =
+            async move { self.conversations.calibrate(&self.key, self.tokens, reported).await };
+        runtime.spawn(calibrate.instrument(telemetry::span::current()));
     }
 }

@@ -1,9 +1,11 @@
 //! Who writes a conversation's digests: the model summarizer bound to the caller (its
-//! credential, or `summarizer.api_key`), else the extractive one; every call timed and
-//! every failure counted.
+//! credential, or `summarizer.api_key`), else the extractive one; every call timed, every
+//! failure counted, and (traces exported) every call a span.
 
 use std::sync::Arc;
 use std::time::Instant;
+
+use tracing::Instrument;
 
 use super::Caller;
 use crate::metrics::Metrics;
@@ -11,6 +13,7 @@ use crate::summarizer::llm::LlmSummarizer;
 use crate::summarizer::{
     ExtractiveSummarizer, Summarizer, SummarizerError, SummarizerKind, SummaryInput,
 };
+use crate::telemetry::span;
 use crate::vocab::FailureReason;
 
 /// Which summarizer writes digests.
@@ -65,9 +68,13 @@ impl Summarizer for Timed {
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
         let started = Instant::now();
-        let result = self.inner.summarize(input).await;
+        let span = span::summarize(self.kind());
+        let result = self.inner.summarize(input).instrument(span.clone()).await;
         let failure = result.as_ref().err().map(|e| e.reason().unwrap_or(FailureReason::Other));
         self.metrics.summarizer_call(self.kind(), started.elapsed().as_secs_f64(), failure);
+        if let Some(reason) = failure {
+            span::summarizer_failed(&span, reason);
+        }
         result
     }
 }

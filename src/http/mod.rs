@@ -20,6 +20,7 @@ pub mod served_by;
 pub mod server;
 pub mod session_key;
 pub mod sse;
+pub mod trace;
 pub mod turn;
 pub mod upstream;
 pub mod usage_tap;

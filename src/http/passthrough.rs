@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use super::body::{BodyProgress, Limited, ProxyBody, boxed};
 use super::error::ProxyError;
 use super::headers::strip_hop_by_hop;
+use super::trace;
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::{tapped, team_of};
 use crate::metrics::{Metrics, Route};
@@ -51,7 +52,8 @@ pub fn upstream_request(
     build_request(upstream, parts.method, &parts.uri, parts.headers, body)
 }
 
-/// Builds an upstream request from its pieces (see [`upstream_request`]).
+/// Builds an upstream request from its pieces (see [`upstream_request`]); with traces
+/// exported, its trace context names the current span.
 pub fn build_request(
     upstream: &Upstream,
     method: http::Method,
@@ -63,6 +65,8 @@ pub fn build_request(
         .target_uri(uri.path(), uri.query())
         .map_err(|e| ProxyError::UpstreamUnreachable(format!("cannot build upstream URI: {e}")))?;
     strip_hop_by_hop(&mut headers);
+    // Traces exported: the upstream's parent span is foldgate's, not the client's.
+    trace::propagate(&mut headers);
     // The connection pool sets Host for the upstream (HTTP/1.1) or drops it (HTTP/2,
     // which has `:authority`); an expectation is between client and foldgate.
     headers.remove(header::EXPECT);

@@ -17,6 +17,7 @@ use super::error::ProxyError;
 use super::handler;
 use super::linger::UnreadBody;
 use super::passthrough;
+use super::trace::{self, in_span};
 use super::turn::Turns;
 use super::upstream::Upstream;
 use crate::metrics::{Metrics, Route};
@@ -87,17 +88,47 @@ async fn compacted<D: Dialect>(
     request: Request<Incoming>,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
-    let response = handler::handle(
-        dialect,
-        upstream,
-        state.max_body,
-        &state.turns,
-        &state.metrics,
-        request,
-        progress.clone(),
-    )
-    .await;
-    (dialect.route(), response)
+    let span = trace::request_span(dialect.route(), false, request.headers());
+    let response = in_span!(
+        &span,
+        handler::handle(
+            dialect,
+            upstream,
+            state.max_body,
+            &state.turns,
+            &state.metrics,
+            request,
+            progress.clone(),
+        )
+    );
+    (dialect.route(), traced(&span, response))
+}
+
+/// `response`, its status recorded on the request's `span`.
+fn traced(
+    span: &tracing::Span,
+    response: Result<Response<ProxyBody>, ProxyError>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    if !span.is_disabled() {
+        let status = response.as_ref().map_or_else(ProxyError::status, Response::status);
+        trace::record_status(span, status);
+    }
+    response
+}
+
+/// A request forwarded as it is to `upstream`, in a span of its own.
+async fn forwarded(
+    state: &AppState,
+    upstream: &Upstream,
+    request: Request<Incoming>,
+    progress: &Arc<BodyProgress>,
+) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
+    let span = trace::passthrough_span(request.method(), request.headers());
+    let response = in_span!(
+        &span,
+        passthrough::forward(upstream, state.max_body, &state.metrics, request, progress.clone())
+    );
+    (Route::Passthrough, traced(&span, response))
 }
 
 /// Routes `request`; handlers that read its body record how far in `progress`.
@@ -128,44 +159,29 @@ async fn dispatch(
         (&Method::POST, "/v1/responses") => {
             compacted(state, &Responses, &state.upstream, request, progress).await
         }
-        (&Method::POST, "/v1/responses/compact") => (
-            Route::Responses,
-            super::provider::compact::handle(
-                &state.turns,
-                &state.upstream,
-                state.max_body,
-                &state.metrics,
-                request,
-                progress.clone(),
-            )
-            .await,
-        ),
+        (&Method::POST, "/v1/responses/compact") => {
+            let span = trace::request_span(Route::Responses, true, request.headers());
+            let response = in_span!(
+                &span,
+                super::provider::compact::handle(
+                    &state.turns,
+                    &state.upstream,
+                    state.max_body,
+                    &state.metrics,
+                    request,
+                    progress.clone(),
+                )
+            );
+            (Route::Responses, traced(&span, response))
+        }
         (&Method::POST, "/v1/messages") => {
             compacted(state, &Messages, &state.anthropic, request, progress).await
         }
         // Anthropic's API beside OpenAI's: one foldgate serves both kinds of client.
-        (_, p) if is_anthropic(p) => (
-            Route::Passthrough,
-            passthrough::forward(
-                &state.anthropic,
-                state.max_body,
-                &state.metrics,
-                request,
-                progress.clone(),
-            )
-            .await,
-        ),
-        (_, p) if p == "/v1" || p.starts_with("/v1/") => (
-            Route::Passthrough,
-            passthrough::forward(
-                &state.upstream,
-                state.max_body,
-                &state.metrics,
-                request,
-                progress.clone(),
-            )
-            .await,
-        ),
+        (_, p) if is_anthropic(p) => forwarded(state, &state.anthropic, request, progress).await,
+        (_, p) if p == "/v1" || p.starts_with("/v1/") => {
+            forwarded(state, &state.upstream, request, progress).await
+        }
         (_, p) if p.starts_with("/foldgate/") => {
             let inspector = state.turns.inspector.as_deref();
             let (method, headers) = (request.method(), request.headers());

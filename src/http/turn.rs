@@ -84,6 +84,7 @@ pub struct Retry {
 /// Counts a request of a compacted route that no turn took (`Disabled`, `NotChat`).
 pub fn record_untaken(metrics: &Metrics, route: Route, outcome: Outcome) {
     metrics.chat_request(route, outcome);
+    super::trace::record_outcome(outcome);
 }
 
 impl Turns {
@@ -351,10 +352,12 @@ impl<D: Dialect> Turn<'_, D> {
         self.overflow == Some(OverflowRetry::Retried)
     }
 
-    /// Records what happened to the request (metrics, the session inspector) and says
-    /// it in `x-foldgate-*` headers of `response`.
+    /// Records what happened to the request (metrics, the session inspector, its span
+    /// when traces are exported) and says it in `x-foldgate-*` headers of `response`.
     pub fn finish(&self, mut response: Response<ProxyBody>) -> Response<ProxyBody> {
         self.record();
+        let (key, model, learned) = (self.key.as_str(), &self.model_name, self.learned);
+        super::trace::record_turn(&self.decision, key, model, self.retried(), learned);
         self.tag(response.headers_mut());
         response
     }

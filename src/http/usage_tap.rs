@@ -1,6 +1,8 @@
 //! Reads token usage from a chat response as it streams by, without delaying or
 //! changing a byte: from a JSON body, or from the SSE event that carries `usage`
-//! (usually the last one). Recorded once, after the body ended and its bytes went out.
+//! (usually the last one). Recorded once, after the body ended and its bytes went out:
+//! in the metrics, and (traces exported) on the span of the request the response answers,
+//! which the tap keeps open until then.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +14,7 @@ use serde::Deserialize;
 use super::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 use crate::metrics::{Metrics, PromptSplit, model_label};
 use crate::session::record::UsageEntry;
+use crate::telemetry::span::{self, UsageRecord};
 
 /// JSON bodies larger than this are not parsed for usage.
 const MAX_JSON: usize = 4 * 1024 * 1024;
@@ -172,6 +175,9 @@ pub struct UsageTap {
     /// The team label of the request (see [`team_of`]), when usage is counted by team.
     team: Option<Arc<str>>,
     on_usage: Option<OnUsage>,
+    /// The span of the request answered (the current one when the tap was made): kept
+    /// open until the body ends, its usage recorded on it.
+    span: tracing::Span,
 }
 
 impl UsageTap {
@@ -205,7 +211,8 @@ impl UsageTap {
             t if t.starts_with("application/json") => Format::Json { frames: Vec::new(), len: 0 },
             _ => Format::Ignored,
         };
-        Observed::new(inner, Self { format, metrics, model, team, on_usage })
+        let span = span::current();
+        Observed::new(inner, Self { format, metrics, model, team, on_usage, span })
     }
 
     fn observe(&mut self, data: &Bytes) {
@@ -240,10 +247,14 @@ impl UsageTap {
     }
 
     fn finish(&mut self) {
+        let joined: Vec<u8>;
         let found = match &mut self.format {
             Format::Json { frames, .. } => match frames.as_slice() {
                 [one] => usage_in(one),
-                many => usage_in(&many.concat()),
+                many => {
+                    joined = many.concat();
+                    usage_in(&joined)
+                }
             },
             Format::Sse { line, first, last } => {
                 let last = sse_usage(line).or_else(|| last.as_deref().and_then(sse_usage));
@@ -262,25 +273,35 @@ impl UsageTap {
             Format::Ignored => None,
         };
         if let Some(on_usage) = self.on_usage.take() {
-            on_usage(found.map(|(usage, _)| usage));
+            // What it does (a calibration stored) is part of the request's trace.
+            let _request = self.span.enter();
+            on_usage(found.as_ref().map(|(usage, _)| *usage));
         }
-        if let Some((usage, answered_by)) = found {
-            let model = self.model.unwrap_or(answered_by);
-            let prompt = PromptSplit {
-                total: usage.prompt,
-                cache_read: usage.cached,
-                cache_write: usage.cache_write,
-            };
-            self.metrics.upstream_usage(model, prompt, usage.completion);
-            if let Some(team) = &self.team {
-                self.metrics.team_usage(team, prompt, usage.completion);
-            }
+        let Some((usage, answered_by)) = found else { return };
+        let record = UsageRecord {
+            input: usage.prompt,
+            output: usage.completion,
+            cache_read: usage.cached,
+            cache_creation: usage.cache_write,
+            response_model: answered_by.as_deref(),
+        };
+        span::record_usage(&self.span, &record);
+        let model =
+            self.model.unwrap_or_else(|| answered_by.as_deref().map_or("other", model_label));
+        let prompt = PromptSplit {
+            total: usage.prompt,
+            cache_read: usage.cached,
+            cache_write: usage.cache_write,
+        };
+        self.metrics.upstream_usage(model, prompt, usage.completion);
+        if let Some(team) = &self.team {
+            self.metrics.team_usage(team, prompt, usage.completion);
         }
     }
 }
 
-/// Usage in one SSE line `data: {...}`, if it carries any.
-fn sse_usage(line: &[u8]) -> Option<(Usage, &'static str)> {
+/// Usage in one SSE line `data: {...}`, if it carries any, and the model it names.
+fn sse_usage(line: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     if !mentions_usage(line) {
         return None;
     }
@@ -293,8 +314,8 @@ fn mentions_usage(line: &[u8]) -> bool {
 }
 
 /// The usage in a JSON answer (top-level, under `response` in Responses API events, or
-/// under `message` in Anthropic's `message_start`) and the normalised model that answered.
-fn usage_in(json: &[u8]) -> Option<(Usage, &'static str)> {
+/// under `message` in Anthropic's `message_start`) and the model that answered, as named.
+fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     let top = Members::of(json)?;
     let holder = match (top.usage, top.response, top.message) {
         (Some(_), _, _) => top,
@@ -303,7 +324,7 @@ fn usage_in(json: &[u8]) -> Option<(Usage, &'static str)> {
     };
     let usage: UsageFields = serde_json::from_slice(holder.usage?).ok()?;
     let model = holder.model.and_then(|raw| serde_json::from_slice::<Cow<'_, str>>(raw).ok());
-    Some((usage.into(), model.as_deref().map_or("other", model_label)))
+    Some((usage.into(), model))
 }
 
 /// The raw values of a JSON object's `usage`, `model` and `response` members, found
@@ -634,14 +655,14 @@ mod tests {
         );
         let (found, model) = usage_in(answer.as_bytes()).unwrap();
         assert_eq!(found, Usage { prompt: 11, completion: 2, cached: 5, cache_write: 0 });
-        assert_eq!(model, model_label("gpt-4o-2024-08-06"));
+        assert_eq!(model.as_deref(), Some("gpt-4o-2024-08-06"));
         // The Responses API puts both under `response`; a null usage counts as absent.
         let event = format!(
             r#"{{"type":"response.completed","usage":null,"response":{{"model":"o3","usage":{usage}}}}}"#
         );
         assert_eq!(usage_in(event.as_bytes()).unwrap().0.prompt, 11);
         let unnamed = format!(r#"{{"usage":{usage}}}"#);
-        assert_eq!(usage_in(unnamed.as_bytes()).unwrap().1, "other");
+        assert_eq!(usage_in(unnamed.as_bytes()).unwrap().1, None);
         for no_usage in [
             "",
             "[]",

@@ -1,12 +1,16 @@
 //! A store whose every operation is timed and reported, so that the metrics see each
-//! load, save and lease of whichever backend is configured.
+//! load, save and lease of whichever backend is configured; with traces exported, each
+//! of them is a span (a child of the request or fold it serves).
 
 use super::{LearnedStore, LeaseStore, RecordStore, StateStore};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use tracing::Instrument;
 
+use crate::telemetry::span;
 use crate::vocab::StoreOp;
 
 use super::{
@@ -28,8 +32,27 @@ impl<S> Observed<S> {
         Self { inner, observer }
     }
 
-    fn report<T>(&self, op: StoreOp, started: Instant, result: &Result<T, StoreError>) {
+    /// Runs `work`, the operation `op` of the store, and reports it.
+    async fn observe<T>(
+        &self,
+        op: StoreOp,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let span = span::store(op, self.inner.name());
+        let started = Instant::now();
+        let result = work.instrument(span.clone()).await;
         (self.observer)(op, started.elapsed(), result.is_err());
+        if let Err(e) = &result {
+            // The kind only: a backend's message may name its address.
+            span::failed(
+                &span,
+                match e {
+                    StoreError::Unavailable(_) => "unavailable",
+                    StoreError::Corrupt(_) => "corrupt",
+                },
+            );
+        }
+        result
     }
 }
 
@@ -44,17 +67,11 @@ impl<S: Send + Sync + 'static> StateStore<S> for Observed<S> {
     }
 
     async fn load(&self, key: &SessionKey) -> Result<Option<Loaded<S>>, StoreError> {
-        let started = Instant::now();
-        let result = self.inner.load(key).await;
-        self.report(StoreOp::Load, started, &result);
-        result
+        self.observe(StoreOp::Load, self.inner.load(key)).await
     }
 
     async fn save(&self, key: &SessionKey, state: S, revision: u64) -> Result<Saved, StoreError> {
-        let started = Instant::now();
-        let result = self.inner.save(key, state, revision).await;
-        self.report(StoreOp::Save, started, &result);
-        result
+        self.observe(StoreOp::Save, self.inner.save(key, state, revision)).await
     }
 
     fn active_sessions(&self) -> usize {
@@ -81,17 +98,11 @@ impl<S: Send + Sync + 'static> LeaseStore for Observed<S> {
         key: &SessionKey,
         ttl: Duration,
     ) -> Result<Option<Lease>, StoreError> {
-        let started = Instant::now();
-        let result = self.inner.try_lease(key, ttl).await;
-        self.report(StoreOp::Lease, started, &result);
-        result
+        self.observe(StoreOp::Lease, self.inner.try_lease(key, ttl)).await
     }
 
     async fn release(&self, key: &SessionKey, lease: Lease) -> Result<(), StoreError> {
-        let started = Instant::now();
-        let result = self.inner.release(key, lease).await;
-        self.report(StoreOp::Release, started, &result);
-        result
+        self.observe(StoreOp::Release, self.inner.release(key, lease)).await
     }
 }
 

@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 pub mod agent;
+pub mod binary;
 pub mod messages_api;
 pub mod redis_server;
 pub mod redis_sharing;

@@ -112,6 +112,8 @@ async fn serve(
         .fold_whole(&request, &caller, &Options::default(), FoldWhen::Always)
         .await
         .map_err(ProxyError::Internal)?;
+    let model = request.model().unwrap_or_default();
+    crate::http::trace::record_compact(&model, fold.as_ref().map(|f| &f.report));
     let answer = answer(&provider.sealer, &body, &origins, fold.as_ref());
     let mut response = Response::new(full(answer));
     response

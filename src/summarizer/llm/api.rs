@@ -21,6 +21,14 @@ pub enum SummaryApi {
 }
 
 impl SummaryApi {
+    /// Whose API it is (`gen_ai.provider.name` of a call's span).
+    pub fn provider(self) -> &'static str {
+        match self {
+            Self::ChatCompletions | Self::Responses => "openai",
+            Self::Messages => "anthropic",
+        }
+    }
+
     /// A short name, for logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -12,6 +12,7 @@ use super::LlmSetupError;
 use crate::client::{HttpsClient, https_client};
 use crate::config::UpstreamConfig;
 use crate::summarizer::SummarizerError;
+use crate::telemetry::{context, span};
 
 /// Largest answer body read; a digest is a few kilobytes.
 const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
@@ -31,8 +32,8 @@ impl JsonClient {
         Ok(Self { client })
     }
 
-    /// POSTs `body` to `uri` with `auth` (if any) and the `extra` headers, and returns
-    /// the 2xx answer body.
+    /// POSTs `body` to `uri` with `auth` (if any) and the `extra` headers (and, traces
+    /// exported, the trace context of the current span), and returns the 2xx answer body.
     pub async fn post_json(
         &self,
         uri: &Uri,
@@ -48,6 +49,12 @@ impl JsonClient {
         for (name, value) in auth.into_iter().chain(extra.iter().map(|(n, v)| (n, v))) {
             request.headers_mut().insert(name.clone(), value.clone());
         }
+        let headers = request.headers_mut();
+        context::inject(&span::current(), |name, value| {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        });
         let response = self.client.request(request).await.map_err(|e| transport(&e))?;
         let status = response.status();
         let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)

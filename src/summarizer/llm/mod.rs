@@ -29,6 +29,7 @@ use http::Uri;
 use http::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 use serde_json::json;
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 pub use api::SummaryApi;
 use api::{answer_text, request_body};
@@ -43,6 +44,7 @@ pub use stats::LlmStats;
 use super::{FailureReason, ModelPrompt, Summarizer, SummarizerError, SummaryInput};
 use crate::config::{SummarizerConfig, UpstreamConfig};
 use crate::model::Message;
+use crate::telemetry::span;
 
 /// Why the LLM summarizer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -276,10 +278,19 @@ impl LlmSummarizer {
                 (None, Some(c)) => Some(c.header()),
                 (None, None) => None,
             };
+            // Traces exported: the model call is a span, and its request names it.
+            let span = span::model_call(api.provider(), model);
             let call = self.call(auth, bound, input);
             let result = tokio::time::timeout(self.timeout, call)
+                .instrument(span.clone())
                 .await
                 .unwrap_or(Err(SummarizerError::Timeout));
+            if let Err(e) = &result {
+                span::summarizer_failed(
+                    &span,
+                    e.reason().unwrap_or(FailureReason::InvalidResponse),
+                );
+            }
             let outcome = match &result {
                 Ok(_) => Outcome::Success,
                 // The client's own key was refused: says nothing about the model path.

@@ -1,13 +1,12 @@
-//! The tracing subscriber: text by default, JSON when configured, written to stderr by a
-//! thread of its own in batches.
+//! The log lines' writer: a request thread formats its line and appends it to a shared
+//! buffer, written to stderr by a thread of its own in batches.
 //!
-//! A request thread formats its line and appends it to a shared buffer: no system call,
-//! and no wake-up of another thread per line (on a busy two-core machine a wake-up per
-//! access-log line cost more than the rest of a small request's handling). The writer
-//! thread wakes every [`FLUSH_EVERY`], or as soon as [`WAKE_AT`] bytes are waiting, and
-//! writes everything in one go. Logging never blocks a request: past [`MAX_BACKLOG`]
-//! bytes waiting (a log consumer that stopped reading), lines are dropped and counted,
-//! and the count is written once the consumer reads again.
+//! Appending is no system call and no wake-up of another thread per line (on a busy
+//! two-core machine a wake-up per access-log line cost more than the rest of a small
+//! request's handling). The writer thread wakes every [`FLUSH_EVERY`], or as soon as
+//! [`WAKE_AT`] bytes are waiting, and writes everything in one go. Logging never blocks a
+//! request: past [`MAX_BACKLOG`] bytes waiting (a log consumer that stopped reading), lines
+//! are dropped and counted, and the count is written once the consumer reads again.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,10 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
-
-use crate::config::{LogConfig, LogFormat};
 
 /// The writer thread writes at least this often while lines are waiting.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
@@ -26,23 +22,6 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
 pub const WAKE_AT: usize = 256 * 1024;
 /// Past this many waiting bytes, lines are dropped (and counted).
 pub const MAX_BACKLOG: usize = 16 * 1024 * 1024;
-
-/// Installs the global subscriber; `RUST_LOG` overrides `log.level` when set.
-///
-/// Keep the returned guard until exit: dropping it writes out what is still queued.
-pub fn init(config: &LogConfig) -> LogGuard {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = spawn(std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
-    // A second init (e.g. in tests) keeps the first subscriber.
-    let _ = match config.format {
-        LogFormat::Text => builder.with_ansi(false).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-    guard
-}
 
 /// Lines waiting for the writer thread.
 #[derive(Default)]
