@@ -50,8 +50,16 @@ impl Rewriting {
             return chunk.to_vec();
         }
         self.buf.extend_from_slice(chunk);
-        if !self.seen && opens_json(&self.buf) {
-            return self.pass_rest();
+        if !self.seen {
+            if opens_json(&self.buf) {
+                return self.pass_rest();
+            }
+            // Only whitespace so far: whether it is an event stream is not known yet
+            // (found by fuzzing: a JSON answer cut after its leading newline was read as
+            // a stream).
+            if self.buf.iter().all(u8::is_ascii_whitespace) {
+                return Vec::new();
+            }
         }
         let mut out = Vec::new();
         while let Some(end) = self.block_end() {
