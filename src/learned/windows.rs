@@ -103,7 +103,7 @@ mod tests {
     fn memory_is_bounded() {
         let windows = LearnedWindows::default();
         for i in 0..MAX_MODELS + 10 {
-            windows.learn(&format!("m{i}"), 1000);
+            windows.learn(&format!("m{i}"), 8_000);
         }
         assert_eq!(windows.len(), MAX_MODELS);
     }
