@@ -26,6 +26,10 @@ pub enum ModelError {
     /// A value could not be serialized.
     #[error("cannot serialize: {0}")]
     Serialize(#[source] serde_json::Error),
+    /// A message is valid JSON that foldgate cannot read: nesting deeper than
+    /// serde_json's limit (128 levels), or a number too large for a float.
+    #[error("message {0} cannot be read (nested too deep or a number out of range)")]
+    Unreadable(usize),
 }
 
 /// The role of a chat message.
@@ -83,7 +87,8 @@ pub const DIGEST_MARKER: &str = "[COMPACTED CONTEXT]";
 /// and measured from its text alone, and most of its messages are never parsed.
 #[derive(Debug, Clone)]
 pub struct Message {
-    value: OnceLock<Value>,
+    /// The parsed message, and whether it read whole (see [`Message::is_readable`]).
+    value: OnceLock<(Value, bool)>,
     raw: Box<RawValue>,
     hash: u64,
     /// Whether the text reads as a command's output (see [`is_observation`]).
@@ -106,14 +111,27 @@ impl Message {
         let text = serde_json::to_string(&value).map_err(ModelError::Serialize)?;
         let raw = RawValue::from_string(text).map_err(ModelError::Serialize)?;
         let hash = xxh3_64(raw.get().as_bytes());
-        Ok(Self { value: OnceLock::from(value), raw, hash, output_like: OnceLock::new() })
+        let value = OnceLock::from((value, true));
+        Ok(Self { value, raw, hash, output_like: OnceLock::new() })
     }
 
     /// The parsed message (parsed now if it was not yet). Text that a `RawValue` held
     /// parses, but for two cases: an escaped lone UTF-16 surrogate (`"\udce1"`, valid
-    /// JSON that is no Unicode text) is read as U+FFFD, and nesting past serde_json's
-    /// depth limit reads as an empty object. The raw text, forwarded, is never changed.
+    /// JSON that is no Unicode text) is read as U+FFFD, and a message that cannot be read
+    /// at all reads as an empty object (see [`Message::is_readable`]). The raw text,
+    /// forwarded, is never changed.
     pub fn value(&self) -> &Value {
+        &self.parsed().0
+    }
+
+    /// False for valid JSON that foldgate cannot read: nesting deeper than serde_json's
+    /// limit, or a number too large for a float. The engine leaves a request holding
+    /// such a message as it is.
+    pub fn is_readable(&self) -> bool {
+        self.parsed().1
+    }
+
+    fn parsed(&self) -> &(Value, bool) {
         self.value.get_or_init(|| {
             let raw = self.raw.get();
             serde_json::from_str(raw)
@@ -121,7 +139,7 @@ impl Message {
                     Some(text) => serde_json::from_str(&text),
                     None => Err(e),
                 })
-                .unwrap_or_else(|_| Value::Object(serde_json::Map::new()))
+                .map_or_else(|_| (Value::Object(Map::new()), false), |value| (value, true))
         })
     }
 
@@ -332,6 +350,15 @@ impl ChatRequest {
         &self.messages
     }
 
+    /// `Err` naming the first message foldgate cannot read ([`Message::is_readable`]):
+    /// such a request is forwarded as it was sent, never compacted.
+    pub fn readable(&self) -> Result<(), ModelError> {
+        match self.messages.iter().position(|m| !m.is_readable()) {
+            Some(index) => Err(ModelError::Unreadable(index)),
+            None => Ok(()),
+        }
+    }
+
     /// The raw JSON text of a top-level field.
     pub fn field(&self, key: &str) -> Option<&str> {
         self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.get())
@@ -514,6 +541,22 @@ mod tests {
         assert_eq!(m.text(), "Wi-Fi \u{d66d}\u{fffd} and \u{1f4f6} \\udce1 \u{fffd}");
         assert_eq!(m.raw(), raw, "forwarded as received");
         assert_eq!(lone_surrogates_replaced(r#"{"a":"\ud83d\udcf6"}"#), None);
+    }
+
+    #[test]
+    fn a_message_nested_too_deep_or_with_a_huge_number_is_unreadable() {
+        let deep = format!(
+            r#"{{"role":"system","content":"be brief","x":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        for raw in [deep.as_str(), r#"{"role":"system","content":"be brief","x":1e999}"#] {
+            let m = Message::from_raw(RawValue::from_string(raw.to_owned()).unwrap()).unwrap();
+            assert!(!m.is_readable(), "{raw}");
+            assert_eq!(m.raw(), raw, "forwarded as received");
+        }
+        let m = Message::from_raw(RawValue::from_string(r#"{"role":"user"}"#.into()).unwrap());
+        assert!(m.unwrap().is_readable());
     }
 
     #[test]

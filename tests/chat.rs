@@ -289,6 +289,31 @@ async fn bodies_foldgate_does_not_understand_are_forwarded_unchanged() {
 }
 
 #[tokio::test]
+async fn a_conversation_holding_a_message_foldgate_cannot_read_is_forwarded_as_sent() {
+    // Valid JSON that serde_json will not read into a value: nesting past its limit,
+    // or a number too large for a float. Folding it would lose what it says.
+    let mock = MockUpstream::echo().await;
+    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    let body = requests(&conversation(30, 0), &[]).pop().unwrap();
+    let (_, headers, answer) = send(chat_request(&proxy, body.clone(), "Bearer k", "a")).await;
+    assert_eq!(header(&headers, "x-foldgate-outcome"), "compacted");
+    assert_ne!(answer, body, "readable, the same conversation is compacted");
+
+    let deep = format!("{}0{}", "[".repeat(300), "]".repeat(300));
+    for (i, extra) in [deep.as_str(), "1e999"].into_iter().enumerate() {
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        let at = text.find(r#""messages":[{"#).unwrap() + r#""messages":[{"#.len();
+        let unreadable = Bytes::from(format!(r#"{}"x":{extra},{}"#, &text[..at], &text[at..]));
+        let session = format!("b{i}");
+        let request = chat_request(&proxy, unreadable.clone(), "Bearer k", &session);
+        let (status, headers, answer) = send(request).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(header(&headers, "x-foldgate-outcome"), "failed_open");
+        assert_eq!(answer, unreadable, "the upstream saw the original bytes");
+    }
+}
+
+#[tokio::test]
 async fn summarization_calls_and_disabled_compaction_pass_through() {
     let mock = MockUpstream::echo().await;
     let body = requests(&conversation(30, 0), &[]).pop().unwrap();

@@ -183,6 +183,8 @@ impl Engine {
             return Ok(Outcome::Unchanged { report });
         }
         let msgs = request.messages();
+        // Content foldgate cannot read is kept whole: the request goes as it was sent.
+        request.readable()?;
         let units = units(msgs);
         let invalidated = retain_matching(&mut state.blocks, msgs, &units);
         let mut report =

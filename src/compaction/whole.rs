@@ -84,6 +84,7 @@ impl Engine {
         if !due {
             return Ok(None);
         }
+        request.readable()?;
         let keep = Keep::new(msgs, cfg);
         let folded = (0..msgs.len()).filter(|&i| !keep.is_verbatim(msgs, &tokens, i)).count();
         if folded == 0 {
