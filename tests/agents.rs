@@ -1,0 +1,340 @@
+//! Real coding agents (Claude Code, Codex in both its modes, opencode, mini-swe-agent),
+//! installed by `.ci/run` under `tests/agents/`, run a 30-step shell task through a real
+//! foldgate process against the scripted model (`tests/common/scripted_model/`), once with
+//! the model summarizer and once with the extractive one. Each run must finish, be
+//! compacted, reach the model only with valid requests sent the agent's own way, and print
+//! no error. `agents_table` (ignored) also runs each agent directly against the model and
+//! prints the figures of docs/PERFORMANCE.md:
+//! `cargo test --test agents -- --ignored --nocapture agents_table`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr,
+    missing_docs
+)]
+
+#[path = "common/agent_cli.rs"]
+mod agent_cli;
+#[path = "common/binary.rs"]
+mod binary;
+#[path = "common/scripted_model/mod.rs"]
+mod scripted_model;
+
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agent_cli::Agent;
+use scripted_model::{Script, ScriptedModel};
+
+/// Shell steps of the task, and output lines of each (about 6 KB).
+const STEPS: usize = 30;
+const LINES: usize = 250;
+/// Longest an agent run may take.
+const LIMIT: Duration = Duration::from_secs(150);
+
+/// Where a run happens: foldgate with a summarizer kind, or the model directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Foldgate(&'static str),
+    Direct,
+}
+
+/// What one run came to.
+#[derive(Debug)]
+struct Outcome {
+    agent: Agent,
+    via: Via,
+    finished: agent_cli::Finished,
+    /// The agent's requests at the model (foldgate's summarizer calls apart).
+    requests: usize,
+    summaries: usize,
+    /// The agent's requests the model saw a digest, goal batch or stub in.
+    compacted_seen: usize,
+    /// foldgate's `chat_requests_total` by outcome.
+    outcomes: Vec<(String, f64)>,
+    max_tokens: usize,
+    over_window: usize,
+    violations: Vec<String>,
+    /// Requests not sent the agent's way (path or `stream`).
+    reshaped: Vec<String>,
+    /// foldgate's own warning and error lines.
+    foldgate_warnings: Vec<String>,
+}
+
+impl Outcome {
+    fn compacted(&self) -> f64 {
+        self.outcomes.iter().filter(|(o, _)| o == "compacted").map(|(_, v)| v).sum()
+    }
+
+    fn forwarded(&self) -> f64 {
+        self.outcomes.iter().map(|(_, v)| v).sum()
+    }
+
+    fn via(&self) -> String {
+        match self.via {
+            Via::Foldgate(kind) => format!("foldgate, {kind}"),
+            Via::Direct => "direct".into(),
+        }
+    }
+
+    fn row(&self) -> String {
+        format!(
+            "| {} | {} | {:.1} | {} | {} | {} | {} | {} |",
+            self.agent.name(),
+            self.via(),
+            self.finished.elapsed.as_secs_f64(),
+            self.requests,
+            self.compacted_seen,
+            self.summaries,
+            self.max_tokens,
+            self.over_window,
+        )
+    }
+
+    /// Every promise of a run through foldgate.
+    fn assert_ok(&self) {
+        let what = format!("{} via {}", self.agent.name(), self.via());
+        let tail: String = self
+            .finished
+            .output
+            .chars()
+            .rev()
+            .take(3000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        assert!(
+            self.finished.success,
+            "{what}: the agent failed or timed out after {:?}:\n{tail}",
+            self.finished.elapsed
+        );
+        let answer = format!("All {STEPS} steps done.");
+        assert!(
+            self.finished.output.contains(&answer),
+            "{what}: no final answer in its output:\n{tail}"
+        );
+        assert!(
+            self.violations.is_empty(),
+            "{what}: invalid requests at the model:\n{}",
+            self.violations.join("\n")
+        );
+        assert!(
+            self.reshaped.is_empty(),
+            "{what}: requests not forwarded the agent's way:\n{}",
+            self.reshaped.join("\n")
+        );
+        let errors = self.agent.error_lines(&self.finished.output);
+        assert!(
+            errors.is_empty(),
+            "{what}: error lines in the agent's output:\n{}",
+            errors.join("\n")
+        );
+        assert!(self.requests > STEPS, "{what}: only {} requests for {STEPS} steps", self.requests);
+        // A good share: the task outgrows the window about a third of the way in.
+        assert!(
+            self.compacted() * 3.0 >= self.forwarded() && self.compacted_seen * 3 >= self.requests,
+            "{what}: {} of {} requests compacted (foldgate), {} of {} seen compacted at the model",
+            self.compacted(),
+            self.forwarded(),
+            self.compacted_seen,
+            self.requests,
+        );
+    }
+}
+
+const HEADER: &str = "| agent | via | wall s | requests | compacted | digests asked | largest prompt (tokens) | over the window |\n| --- | --- | --- | --- | --- | --- | --- | --- |";
+
+/// A fresh directory for one run under the target directory (Codex refuses helper
+/// binaries under /tmp).
+fn run_dir(agent: Agent, via: Via) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    let tag = match via {
+        Via::Foldgate(kind) => kind,
+        Via::Direct => "direct",
+    };
+    let name: String =
+        agent.name().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("agents/{name}-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// foldgate's metrics page.
+fn scrape(addr: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).unwrap();
+    page
+}
+
+/// `foldgate_chat_requests_total` by outcome.
+fn outcomes(page: &str) -> Vec<(String, f64)> {
+    page.lines()
+        .filter(|l| l.starts_with("foldgate_chat_requests_total{"))
+        .filter_map(|l| {
+            let outcome = l.split("outcome=\"").nth(1)?.split('"').next()?.to_owned();
+            let value = l.rsplit(' ').next()?.parse().ok()?;
+            Some((outcome, value))
+        })
+        .collect()
+}
+
+async fn run(agent: Agent, via: Via) -> Outcome {
+    let script = Script {
+        steps: STEPS,
+        lines: LINES,
+        finish: agent.finish(),
+        window: agent.window(),
+        websocket: via == Via::Direct && agent == Agent::CodexDefault,
+    };
+    let model = ScriptedModel::start(script).await;
+    let dir = run_dir(agent, via);
+    let mut foldgate = None;
+    let root = match via {
+        Via::Direct => model.root(),
+        Via::Foldgate(kind) => {
+            let models = format!(
+                "[{{pattern = \"{}\", encoding = \"o200k_base\", context_window = {}}}]",
+                agent.model(),
+                agent.window()
+            );
+            let anthropic = model.root();
+            let env = [
+                ("FOLDGATE_UPSTREAM__ANTHROPIC_URL", anthropic.as_str()),
+                ("FOLDGATE_COMPACTION__MODELS", models.as_str()),
+                ("FOLDGATE_SUMMARIZER__KIND", kind),
+                ("FOLDGATE_SUMMARIZER__TIMEOUT", "10s"),
+            ];
+            let (child, addr, logs) = binary::spawn_serve(&model.v1(), &env);
+            let root = format!("http://{addr}");
+            foldgate = Some((child, addr, logs));
+            root
+        }
+    };
+    let cmd = agent.command(&root, &dir);
+    let finished = tokio::task::spawn_blocking(move || agent_cli::run(cmd, LIMIT)).await.unwrap();
+    let (mut outcomes_seen, mut foldgate_warnings) = (Vec::new(), Vec::new());
+    if let Some((mut child, addr, logs)) = foldgate {
+        outcomes_seen =
+            outcomes(&tokio::task::spawn_blocking(move || scrape(&addr)).await.unwrap());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        foldgate_warnings = logs
+            .after_exit()
+            .into_iter()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+    }
+    let seen = model.seen();
+    let (path, stream) = agent.sends();
+    let conversation: Vec<_> = seen.iter().filter(|s| s.api.is_some() && !s.summary).collect();
+    let reshaped = conversation
+        .iter()
+        .filter(|s| (s.path != path && !s.path.starts_with("WS ")) || s.stream != stream)
+        .map(|s| {
+            format!(
+                "{} {} stream {:?} (the agent sends {path} stream {stream:?})",
+                s.method, s.path, s.stream
+            )
+        })
+        .collect();
+    let violations = model.violations();
+    let outcome = Outcome {
+        agent,
+        via,
+        requests: conversation.len(),
+        summaries: seen.iter().filter(|s| s.summary).count(),
+        compacted_seen: conversation.iter().filter(|s| s.compacted).count(),
+        outcomes: outcomes_seen,
+        max_tokens: conversation.iter().map(|s| s.tokens).max().unwrap_or(0),
+        over_window: conversation.iter().filter(|s| s.tokens > agent.window()).count(),
+        violations,
+        reshaped,
+        foldgate_warnings,
+        finished,
+    };
+    if outcome.finished.success {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    outcome
+}
+
+fn report(outcome: &Outcome) {
+    eprintln!("{HEADER}\n{}", outcome.row());
+    eprintln!("foldgate outcomes: {:?}", outcome.outcomes);
+    for line in &outcome.foldgate_warnings {
+        eprintln!("foldgate: {line}");
+    }
+}
+
+/// Both summarizer kinds through foldgate; every promise asserted.
+async fn through_foldgate(agent: Agent) {
+    if !agent.installed() {
+        return;
+    }
+    for kind in ["llm", "extractive"] {
+        let outcome = run(agent, Via::Foldgate(kind)).await;
+        report(&outcome);
+        outcome.assert_ok();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code() {
+    through_foldgate(Agent::ClaudeCode).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_default_mode() {
+    through_foldgate(Agent::CodexDefault).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_http_provider() {
+    through_foldgate(Agent::CodexHttp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode() {
+    through_foldgate(Agent::OpenCode).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mini_swe_agent() {
+    through_foldgate(Agent::MiniSweAgent).await;
+}
+
+/// Each agent directly against the model, then through foldgate with each summarizer:
+/// the table of docs/PERFORMANCE.md (nothing asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "prints a table for docs/PERFORMANCE.md"]
+async fn agents_table() {
+    let mut rows = Vec::new();
+    for agent in Agent::ALL {
+        if !agent.installed() {
+            continue;
+        }
+        for via in [Via::Direct, Via::Foldgate("llm"), Via::Foldgate("extractive")] {
+            let outcome = run(agent, via).await;
+            if !outcome.violations.is_empty() {
+                eprintln!(
+                    "{} via {}: {} violations, first: {}",
+                    agent.name(),
+                    outcome.via(),
+                    outcome.violations.len(),
+                    outcome.violations[0]
+                );
+            }
+            rows.push(outcome.row());
+        }
+    }
+    eprintln!("{STEPS} steps of {LINES} lines each\n{HEADER}\n{}", rows.join("\n"));
+}
