@@ -15,6 +15,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -176,7 +177,7 @@ pub enum Api {
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub method: String,
-    /// Path and query as received; WebSocket frames as `WS /v1/responses`.
+    /// Path and query as received (WebSocket frames: method `WS`).
     pub path: String,
     pub api: Option<Api>,
     /// The body's `stream` field.
@@ -188,6 +189,8 @@ pub struct Seen {
     /// It carries a foldgate digest, goal batch or stub.
     pub compacted: bool,
     pub status: u16,
+    /// When it arrived, from the model's start.
+    pub at: Duration,
 }
 
 /// The shared record of a running model.
@@ -196,6 +199,7 @@ pub struct State {
     pub seen: Mutex<Vec<Seen>>,
     pub violations: Mutex<Vec<String>>,
     next: AtomicUsize,
+    started: Instant,
 }
 
 impl State {
@@ -259,6 +263,7 @@ impl State {
             tokens,
             compacted,
             status: 200,
+            at: self.started.elapsed(),
         });
         (n, reply, tokens)
     }
@@ -273,6 +278,7 @@ impl State {
             tokens: 0,
             compacted: false,
             status,
+            at: self.started.elapsed(),
         };
         self.seen.lock().unwrap().push(seen);
     }
@@ -294,6 +300,7 @@ impl ScriptedModel {
             seen: Mutex::default(),
             violations: Mutex::default(),
             next: AtomicUsize::new(0),
+            started: Instant::now(),
         });
         let (tx, mut rx) = oneshot::channel::<()>();
         let shared = state.clone();

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{Api, Body, State, responses};
 
-const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC11B65";
+const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 /// Answers the upgrade (101) and serves the connection's frames once hyper hands it over.
 pub fn accept(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body> {
@@ -80,7 +80,7 @@ fn respond(
     conversations: &mut HashMap<String, Vec<Value>>,
     text: &str,
 ) -> Vec<Value> {
-    let path = "WS /v1/responses";
+    let path = "/v1/responses";
     let mut body: Value = serde_json::from_str(text).unwrap_or(Value::Null);
     if body["type"] != "response.create" {
         let n = state.id();
