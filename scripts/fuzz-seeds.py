@@ -8,10 +8,12 @@ API), upstream error answers, session headers and stored-state edits.
     scripts/fuzz-seeds.py OUT_DIR [TRACES.jsonl]
 """
 
+import gzip
 import hashlib
 import json
 import os
 import sys
+import zlib
 
 MAX_BYTES = 200_000
 
@@ -41,6 +43,9 @@ def main():
             seeds["session_key"].append(b"authorization: Bearer sk-a\x1fx-session-id: s1\n" + chat)
             seeds["session_key"].append(b"x-api-key: k\n" + chat)
             seeds["responses_request"].append(json.dumps(responses_body(body)).encode())
+            # request_encoding: the first byte picks gzip (0) or deflate (1), the rest the body.
+            seeds["request_encoding"].append(b"\x00" + gzip.compress(chat, 1))
+            seeds["request_encoding"].append(b"\x01" + zlib.compress(chat, 1))
             anthropic = messages_body(body)
             seeds["messages_request"].append(json.dumps(anthropic).encode())
             anthropic["context_management"] = {"edits": EDITS}
@@ -189,6 +194,10 @@ SAMPLES = {
     "event_stream": [control(RESPONSES_STREAM), control(RESPONSES_STREAM.replace(b"\n", b"\r\n"), b"\x02\x01\x09"),
                      control(CHAT_JSON)],
     "anthropic_edits": [],
+    # A zstd frame (one RLE block of five "a") and a brotli stream ("abc"), written by
+    # hand: the standard library writes neither; then deflate inside gzip (first byte 5).
+    "request_encoding": [b"\x03" + bytes.fromhex("28b52ffd200515000061"), b"\x02" + bytes.fromhex("0b01806162630300"),
+                         b"\x05" + gzip.compress(zlib.compress(b'{"model":"m"}'))],
 }
 TARGETS = list(SAMPLES)
 

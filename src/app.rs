@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderName;
+use crate::http::session_key::SessionHeaders;
 
 use crate::api::compaction_item::Sealer;
 use crate::compaction::{Engine, SessionState};
@@ -70,8 +70,8 @@ fn build_pipeline(
             Summarizers::Llm(LlmSummarizer::new(&config.summarizer, &config.upstream)?)
         }
     };
-    let session_header = HeaderName::from_bytes(config.session.header.as_bytes())
-        .map_err(|e| AppError::SessionHeader(e.to_string()))?;
+    let session_header =
+        SessionHeaders::new(config.session.header.names()).map_err(AppError::SessionHeader)?;
     let inspector = config.admin.enabled().then(|| {
         Arc::new(Inspector::new(store.clone(), config.admin.history, config.admin.tenant_view))
     });

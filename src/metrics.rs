@@ -14,6 +14,63 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+/// The `Content-Encoding` of a compressed request body, as a metric label (several
+/// codings count as the outermost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEncoding {
+    /// `gzip`.
+    Gzip,
+    /// `deflate`.
+    Deflate,
+    /// `br`.
+    Brotli,
+    /// `zstd`.
+    Zstd,
+    /// Any coding foldgate does not decode.
+    Unknown,
+}
+
+impl BodyEncoding {
+    /// Every encoding label.
+    pub const ALL: [Self; 5] = [Self::Gzip, Self::Deflate, Self::Brotli, Self::Zstd, Self::Unknown];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gzip => "gzip",
+            Self::Deflate => "deflate",
+            Self::Brotli => "br",
+            Self::Zstd => "zstd",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// What became of a compressed request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeResult {
+    /// Decoded, then read like any body.
+    Decoded,
+    /// Not decodable (unknown coding, invalid bytes): forwarded as received.
+    Unreadable,
+    /// Decoded past `server.max_body_size`: answered 413.
+    TooLarge,
+}
+
+impl DecodeResult {
+    /// Every result label.
+    pub const ALL: [Self; 3] = [Self::Decoded, Self::Unreadable, Self::TooLarge];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Decoded => "decoded",
+            Self::Unreadable => "unreadable",
+            Self::TooLarge => "too_large",
+        }
+    }
+}
+
 /// Routes as metric labels (never raw paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -272,6 +329,12 @@ const PROVIDER_COMPACTIONS: Spec = Spec {
     labels: &["api", "served_by"],
 };
 
+const ENCODED_BODIES: Spec = Spec {
+    name: "encoded_request_bodies_total",
+    help: "Compressed request bodies of compacted routes, by Content-Encoding (gzip, deflate, br, zstd, unknown) and result: decoded (then read like any body), unreadable (an unknown coding or invalid bytes: forwarded as received, uncompacted), too_large (decoded past server.max_body_size: 413).",
+    labels: &["encoding", "result"],
+};
+
 const LEARNED_WINDOWS: Spec = Spec {
     name: "learned_windows_total",
     help: "Context windows learned from overflow errors (learned), and chat requests planned against one (applied).",
@@ -421,6 +484,8 @@ pub struct Metrics {
     pub provider_compactions: IntCounterVec,
     /// Failovers of the shared session store seen (no labels).
     pub store_failovers: IntCounterVec,
+    /// Compressed request bodies of compacted routes, by encoding and result.
+    encoded_bodies: IntCounterVec,
     /// Prompt tokens compaction made the provider write to its cache again.
     pub prompt_tokens_rewritten: IntCounterVec,
     /// Token usage by team, when counted by team.
@@ -551,6 +616,7 @@ impl Metrics {
             learned_windows: r.counter(&LEARNED_WINDOWS)?,
             provider_compactions: r.counter(&PROVIDER_COMPACTIONS)?,
             store_failovers: r.counter(&STORE_FAILOVERS)?,
+            encoded_bodies: r.counter(&ENCODED_BODIES)?,
             team_tokens: r.counter(&TEAM_TOKENS)?,
             prompt_tokens_rewritten: r.counter(&PROMPT_TOKENS_REWRITTEN)?,
             teams: None,
@@ -595,6 +661,11 @@ impl Metrics {
             self.learned_windows.with_label_values(&[event.as_str()]);
         }
         self.store_failovers.with_label_values(&[] as &[&str]);
+        for encoding in BodyEncoding::ALL {
+            for result in DecodeResult::ALL {
+                self.encoded_bodies.with_label_values(&[encoding.as_str(), result.as_str()]);
+            }
+        }
         for api in ProviderApi::ALL {
             for served_by in ["upstream", "foldgate"] {
                 self.provider_compactions.with_label_values(&[api.as_str(), served_by]);
@@ -687,6 +758,12 @@ impl Metrics {
     pub fn provider_compaction(&self, api: ProviderApi, by_foldgate: bool) {
         let served_by = if by_foldgate { "foldgate" } else { "upstream" };
         self.provider_compactions.with_label_values(&[api.as_str(), served_by]).inc();
+    }
+
+    /// Counts a compressed request body of a compacted route by its encoding and what
+    /// became of it.
+    pub fn encoded_body(&self, encoding: BodyEncoding, result: DecodeResult) {
+        self.encoded_bodies.with_label_values(&[encoding.as_str(), result.as_str()]).inc();
     }
 
     /// Counts `files` re-read on `route` (see [`Metrics::trail_rereads`]).

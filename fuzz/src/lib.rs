@@ -20,9 +20,11 @@ use foldgate::compaction::check::verify;
 use foldgate::compaction::{Engine, Options, Outcome, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::conversation::Rewritten;
+use foldgate::http::content_coding::{self, Coding};
 use foldgate::http::dialect::chat::MIN_STATED_WINDOW;
 use foldgate::http::dialect::{ChatCompletions, Dialect, Messages, Responses};
 use foldgate::http::served_by::rejects_field;
+use foldgate::http::session_key::SessionHeaders;
 use foldgate::http::sse::Events;
 use foldgate::http::usage_tap::{Usage, tapped_with};
 use foldgate::metrics::Metrics;
@@ -49,6 +51,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("compaction_item", compaction_item),
     ("event_stream", event_stream),
     ("anthropic_edits", anthropic_edits),
+    ("request_encoding", request_encoding),
 ];
 
 /// The input's first bytes (up to eight) as chunk sizes, cycled, and the rest as the
@@ -268,12 +271,12 @@ fn headers_of(head: &[u8]) -> HeaderMap {
 }
 
 fn same_key<D: Dialect>(dialect: &D, headers: &HeaderMap, body: &[u8]) {
-    const SESSION_HEADER: &str = "x-session-id";
-    let from_outline = dialect
-        .outline(body)
-        .and_then(|o| dialect.outline_session_key(headers, SESSION_HEADER, &o));
+    // The default headers: foldgate's own and Codex's.
+    let named_by = SessionHeaders::default();
+    let from_outline =
+        dialect.outline(body).and_then(|o| dialect.outline_session_key(headers, &named_by, &o));
     let Some((request, _)) = dialect.parse(body) else { return };
-    let parsed = dialect.session_key(headers, SESSION_HEADER, &request);
+    let parsed = dialect.session_key(headers, &named_by, &request);
     if let Some(from_outline) = from_outline {
         assert_eq!(from_outline, parsed, "the outline's key is the parsed request's");
     }
@@ -481,4 +484,22 @@ pub fn anthropic_edits(data: &[u8]) {
         blocks(v, "tool_use").iter().map(|b| b["id"].clone()).collect()
     };
     assert_eq!(ids(&after), ids(&before), "every tool use stays");
+}
+
+/// A compressed request body: the first byte picks the codings (one or two of gzip,
+/// deflate, br, zstd), the rest is the body. Decoding ends in bytes within the limit or
+/// an error, never a panic, and never holds more than the limit.
+pub fn request_encoding(data: &[u8]) {
+    const CODINGS: [Coding; 4] = [Coding::Gzip, Coding::Deflate, Coding::Brotli, Coding::Zstd];
+    const LIMIT: u64 = 1 << 20;
+    let Some((&pick, body)) = data.split_first() else { return };
+    let first = CODINGS[usize::from(pick & 3)];
+    let codings = if pick & 4 == 0 {
+        vec![first]
+    } else {
+        vec![first, CODINGS[usize::from((pick >> 3) & 3)]]
+    };
+    if let Ok(decoded) = content_coding::decode(body, &codings, LIMIT) {
+        assert!(decoded.len() as u64 <= LIMIT, "decoded past the limit");
+    }
 }

@@ -28,7 +28,7 @@ pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
 pub use provider::{COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy};
 pub use secret::{Secret, SecretUrl};
-pub use session::{RedisMode, SessionConfig, StoreKind, SummarizerConfig};
+pub use session::{HeaderNames, RedisMode, SessionConfig, StoreKind, SummarizerConfig};
 pub use telemetry::{DEFAULT_SERVICE_NAME, OtlpProtocol, TelemetryConfig};
 
 /// The shipped configuration file, every option with its default.

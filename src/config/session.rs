@@ -11,8 +11,9 @@ use crate::vocab::SummarizerKind;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {
-    /// Request header naming the conversation; without it a fingerprint is used.
-    pub header: String,
+    /// Request headers naming the conversation, the first present wins; without any, a
+    /// fingerprint is used. A string (names comma-separated) or a list.
+    pub header: HeaderNames,
     /// State of a conversation not seen for this long is dropped.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
@@ -38,6 +39,46 @@ pub struct SessionConfig {
     /// state (and the failure is counted).
     #[serde(with = "humantime_serde")]
     pub redis_timeout: Duration,
+}
+
+/// Header names, in the order they are looked up: written as one string (names
+/// separated by commas, as the environment overlay gives it) or as a list. Matched
+/// lower-cased.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeaderNames(pub Vec<String>);
+
+impl HeaderNames {
+    /// The names, in order.
+    pub fn names(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl Default for HeaderNames {
+    /// The headers today's agents name their conversation in: foldgate's own
+    /// `x-session-id`, then Codex CLI's `thread-id` and `session-id` (older releases:
+    /// `session_id`).
+    fn default() -> Self {
+        Self(["x-session-id", "thread-id", "session-id", "session_id"].map(str::to_owned).to_vec())
+    }
+}
+
+impl<'de> Deserialize<'de> for HeaderNames {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(String),
+            Many(Vec<String>),
+        }
+        let names = match Raw::deserialize(d)? {
+            Raw::One(names) => names.split(',').map(str::to_owned).collect(),
+            Raw::Many(names) => names,
+        };
+        Ok(Self(
+            names.iter().map(|n| n.trim().to_ascii_lowercase()).filter(|n| !n.is_empty()).collect(),
+        ))
+    }
 }
 
 /// How Redis is deployed.
@@ -66,7 +107,7 @@ pub enum StoreKind {
 impl Default for SessionConfig {
     fn default() -> Self {
         Self {
-            header: "x-session-id".to_owned(),
+            header: HeaderNames::default(),
             ttl: Duration::from_secs(3600),
             max_sessions: 10_000,
             store: StoreKind::Memory,
@@ -135,11 +176,14 @@ impl Default for SummarizerConfig {
 
 impl SessionConfig {
     pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
-        if !header_name_is_valid(&self.header) {
+        if self.header.0.is_empty() {
             return Err((
                 "session.header",
-                format!("`{}` is not a valid header name", self.header),
+                "names no header (the default list is used when the key is absent)".to_owned(),
             ));
+        }
+        if let Some(bad) = self.header.0.iter().find(|h| !header_name_is_valid(h)) {
+            return Err(("session.header", format!("`{bad}` is not a valid header name")));
         }
         if self.redis_timeout.is_zero() {
             return Err(("session.redis_timeout", "must be greater than 0".to_owned()));

@@ -13,6 +13,20 @@ pub enum ProxyError {
         /// The limit in bytes.
         limit: u64,
     },
+    /// A compressed request body decodes to more than `server.max_body_size`.
+    #[error(
+        "the decoded request body exceeds the limit of {limit} bytes (server.max_body_size applies to the body after Content-Encoding is undone)"
+    )]
+    DecodedBodyTooLarge {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// A WebSocket upgrade on a route foldgate serves over HTTP only: clients that try
+    /// a WebSocket first (Codex's Responses transport) read 426 as "use HTTP".
+    #[error(
+        "this gateway serves {0} over HTTP only: send the request as an HTTP POST (WebSocket upgrade not supported)"
+    )]
+    UpgradeRequired(&'static str),
     /// The upstream could not be reached or the exchange failed.
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
@@ -64,6 +78,12 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large")
+            }
+            Self::DecodedBodyTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large")
+            }
+            Self::UpgradeRequired(_) => {
+                (StatusCode::UPGRADE_REQUIRED, "invalid_request_error", "websocket_not_supported")
             }
             Self::UpstreamUnreachable(_) => {
                 (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unreachable")

@@ -13,13 +13,14 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::body::{BodyProgress, ProxyBody, full, read_limited};
+use super::body::{BodyProgress, ProxyBody, full};
 use super::dialect::{Dialect, Prepared};
 use super::error::ProxyError;
 use super::overflow;
-use super::passthrough::{self, build_request, client_response, declared_length};
+use super::passthrough::{self, build_request, client_response};
 use super::provider::answer;
 use super::provider::served::{self, Addition};
+use super::request_body::{self, ReceivedBody};
 use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::{tapped_with as tapped, team_of};
@@ -45,12 +46,29 @@ pub async fn handle<D: Dialect>(
         }
         return passthrough::forward(upstream, max_body, metrics, request, progress).await;
     }
-    if declared_length(request.headers()).is_some_and(|len| len > max_body) {
-        return Err(ProxyError::BodyTooLarge { limit: max_body });
-    }
     let (parts, body) = request.into_parts();
-    let original = read_limited(body, max_body, progress).await?;
+    let received = request_body::read(&parts.headers, body, max_body, progress, metrics).await?;
     let started = Instant::now();
+    let Some(original) = received.content() else {
+        // Compressed in a way foldgate cannot undo: forwarded as received, uncompacted.
+        record_untaken(metrics, dialect.route(), Outcome::NotChat);
+        let out = Outgoing {
+            dialect,
+            upstream,
+            metrics,
+            parts: &parts,
+            headers: &parts.headers,
+            received: &received,
+        };
+        let response = out.send(started, received.raw().clone()).await?;
+        return Ok(tapped(
+            client_response(response),
+            metrics,
+            None,
+            team_of(metrics, &parts.headers),
+            None,
+        ));
+    };
     let api = dialect.provider_api();
     let provider = &turns.provider;
     let conversations = &turns.conversations;
@@ -58,11 +76,19 @@ pub async fn handle<D: Dialect>(
     let mut serve = api.is_some_and(serves);
     loop {
         let prepared =
-            dialect.prepare(&original, provider, serve).map_err(ProxyError::InvalidRequest)?;
+            dialect.prepare(original, provider, serve).map_err(ProxyError::InvalidRequest)?;
         // In `auto`, an upstream that rejects the provider compaction fields is asked once.
         let auto = api.filter(|&api| provider.served_by(api) == ServedBy::Auto);
         let may_reject = prepared.left_for_upstream && auto.is_some();
-        let exchange = Exchange { dialect, upstream, turns, metrics, parts: &parts, started };
+        let exchange = Exchange {
+            dialect,
+            upstream,
+            turns,
+            metrics,
+            parts: &parts,
+            received: &received,
+            started,
+        };
         match exchange.run(prepared, may_reject).await? {
             Attempt::Answered(response) => return Ok(response),
             Attempt::Rejected => {
@@ -82,6 +108,8 @@ struct Exchange<'a, D> {
     turns: &'a Turns,
     metrics: &'a Arc<Metrics>,
     parts: &'a http::request::Parts,
+    /// The body as received, and its content.
+    received: &'a ReceivedBody,
     started: Instant,
 }
 
@@ -97,10 +125,10 @@ enum Attempt {
 impl<D: Dialect> Exchange<'_, D> {
     /// Decides what to send for `prepared`, sends it, and retries once after an overflow.
     async fn run(&self, prepared: Prepared, may_reject: bool) -> Result<Attempt, ProxyError> {
-        let Self { dialect, upstream, turns, metrics, parts, started } = *self;
+        let Self { dialect, upstream, turns, metrics, parts, received, started } = *self;
         let headers = forwarded_headers(&parts.headers, prepared.strip_betas);
         let team = team_of(metrics, &parts.headers);
-        let out = Outgoing { dialect, upstream, metrics, parts, headers: &headers };
+        let out = Outgoing { dialect, upstream, metrics, parts, headers: &headers, received };
         // The headers as forwarded: digest calls pass them on, betas foldgate serves off.
         let turn = turns.begin(dialect, upstream.name(), &headers, &prepared.body, metrics);
         let Some(mut turn) = turn.await else {
@@ -181,6 +209,9 @@ struct Outgoing<'a, D> {
     parts: &'a http::request::Parts,
     /// The headers to send (the client's, see [`forwarded_headers`]).
     headers: &'a HeaderMap,
+    /// The body as received: a body sent unchanged goes as received (compressed as it
+    /// came), a changed one identity-encoded.
+    received: &'a ReceivedBody,
 }
 
 impl<D: Dialect> Outgoing<'_, D> {
@@ -192,6 +223,7 @@ impl<D: Dialect> Outgoing<'_, D> {
         body: Bytes,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let mut headers = self.headers.clone();
+        let body = self.received.outgoing(body, &mut headers);
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         let (method, uri) = (self.parts.method.clone(), &self.parts.uri);
         let request = build_request(self.upstream, method, uri, headers, full(body))?;

@@ -5,6 +5,7 @@
 
 mod body;
 mod connections;
+pub mod content_coding;
 pub mod dialect;
 mod error;
 pub mod handler;
@@ -15,6 +16,7 @@ mod linger;
 mod overflow;
 mod passthrough;
 pub mod provider;
+mod request_body;
 mod routes;
 pub mod served_by;
 pub mod server;

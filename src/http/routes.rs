@@ -159,6 +159,12 @@ async fn dispatch(
         (&Method::POST, "/v1/responses") => {
             compacted(state, &Responses, &state.upstream, request, progress).await
         }
+        // The Responses API's WebSocket mode (Codex tries it first): answered at once
+        // with 426, which clients read as "use HTTP", instead of a relayed 200 they
+        // retry several times before falling back.
+        (&Method::GET, "/v1/responses") if is_websocket_upgrade(request.headers()) => {
+            (Route::Responses, Err(ProxyError::UpgradeRequired("the Responses API")))
+        }
         (&Method::POST, "/v1/responses/compact") => {
             let span = trace::request_span(Route::Responses, true, request.headers());
             let response = in_span!(
@@ -191,6 +197,16 @@ async fn dispatch(
     }
 }
 
+/// True when `headers` ask to upgrade the connection to a WebSocket.
+fn is_websocket_upgrade(headers: &header::HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("websocket"))
+}
+
 /// True for the paths of Anthropic's Messages API (`/v1/messages`,
 /// `/v1/messages/count_tokens`, `/v1/messages/batches...`), which go to
 /// `upstream.anthropic_url`.
@@ -219,7 +235,7 @@ fn json(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_anthropic;
+    use super::{is_anthropic, is_websocket_upgrade};
 
     #[test]
     fn messages_paths_go_to_anthropic() {
@@ -229,5 +245,19 @@ mod tests {
         for path in ["/v1/messagesx", "/v1/chat/completions", "/v1/models", "/messages"] {
             assert!(!is_anthropic(path), "{path}");
         }
+    }
+
+    #[test]
+    fn websocket_upgrades_are_recognised() {
+        let with = |value: &'static str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::UPGRADE, http::HeaderValue::from_static(value));
+            headers
+        };
+        assert!(is_websocket_upgrade(&with("websocket")));
+        assert!(is_websocket_upgrade(&with("WebSocket")));
+        assert!(is_websocket_upgrade(&with("h2c, websocket")));
+        assert!(!is_websocket_upgrade(&with("h2c")));
+        assert!(!is_websocket_upgrade(&http::HeaderMap::new()));
     }
 }

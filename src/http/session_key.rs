@@ -2,7 +2,8 @@
 //!
 //! Tenant = a hash of the request's credential (`Authorization`, `api-key`,
 //! `x-api-key`), so one tenant can never reach another's state. Within a tenant the
-//! configured header (default `x-session-id`) names the conversation; without it a
+//! first of the configured headers present (`session.header`: `x-session-id`, Codex's
+//! `thread-id` and `session-id` by default) names the conversation; without one a
 //! fingerprint of (model, first system message, first user message) does, split by the
 //! client's own name for the conversation when the body gives one (its scope: see
 //! [`scope_of`]). Only hashes leave this module: raw session ids and credentials are
@@ -23,6 +24,44 @@ pub static CREDENTIAL_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("api-key"),
     HeaderName::from_static("x-api-key"),
 ];
+
+/// The request headers that name a conversation (`session.header`), looked up in order:
+/// the first present and not empty names it.
+#[derive(Debug, Clone)]
+pub struct SessionHeaders(Box<[HeaderName]>);
+
+impl SessionHeaders {
+    /// The headers `names`, in order; `Err` names the first that is not a header name.
+    pub fn new<S: AsRef<str>>(names: &[S]) -> Result<Self, String> {
+        names
+            .iter()
+            .map(|n| {
+                HeaderName::from_bytes(n.as_ref().as_bytes())
+                    .map_err(|_| format!("`{}` is not a valid header name", n.as_ref()))
+            })
+            .collect::<Result<Box<[_]>, _>>()
+            .map(Self)
+    }
+
+    /// The value of the first of these headers `headers` carry, when not empty.
+    fn id<'h>(&self, headers: &'h HeaderMap) -> Option<&'h HeaderValue> {
+        self.0.iter().find_map(|name| headers.get(name).filter(|v| !v.is_empty()))
+    }
+}
+
+impl Default for SessionHeaders {
+    /// The headers of `session.header`'s default.
+    fn default() -> Self {
+        let names = crate::config::HeaderNames::default();
+        Self(
+            names
+                .names()
+                .iter()
+                .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+                .collect(),
+        )
+    }
+}
 
 /// The first credential header present: its name and value.
 pub fn credential(headers: &HeaderMap) -> Option<(&'static str, &http::HeaderValue)> {
@@ -69,7 +108,7 @@ pub struct FingerprintParts {
 
 /// The client's own name for the conversation, from the body's top-level fields (`field`
 /// gives one's raw JSON): `prompt_cache_key` (OpenAI's; Codex sets it to its conversation
-/// id), else `metadata.user_id` (Anthropic's; Claude Code puts its session id in it).
+/// id), else the session in `metadata.user_id` (Anthropic's; see [`session_in_user_id`]).
 /// It splits conversations whose first messages are alike (two agent sessions in one
 /// repository start with the same instructions); it never joins two.
 pub fn scope_of<'a>(field: impl Fn(&str) -> Option<&'a [u8]>) -> Option<String> {
@@ -82,11 +121,38 @@ pub fn scope_of<'a>(field: impl Fn(&str) -> Option<&'a [u8]>) -> Option<String> 
         return Some(key);
     }
     let metadata = serde_json::from_slice::<Metadata>(field("metadata")?).ok()?;
-    metadata.user_id.filter(|id| !id.is_empty())
+    metadata.user_id.filter(|id| !id.is_empty()).map(|id| session_in_user_id(&id))
+}
+
+/// The session named in Anthropic's `metadata.user_id`, as Claude Code writes it: a JSON
+/// object with a `session_id` (today's releases, beside device and account ids), or
+/// `user_<hash>_account_<uuid>_session_<uuid>` (earlier ones); any other value whole.
+/// Only the session counts, so that the same session is one conversation whatever else
+/// the client puts beside it.
+fn session_in_user_id(user_id: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Ids {
+        session_id: Option<String>,
+    }
+    if user_id.trim_start().starts_with('{') {
+        if let Ok(Ids { session_id: Some(session) }) = serde_json::from_str::<Ids>(user_id) {
+            if !session.is_empty() {
+                return format!("session:{session}");
+            }
+        }
+    }
+    match user_id.rsplit_once("_session_") {
+        Some((_, session)) if !session.is_empty() => format!("session:{session}"),
+        _ => user_id.to_owned(),
+    }
 }
 
 /// The session key of `request`: tenant-scoped, from `session_header` or a fingerprint.
-pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequest) -> SessionKey {
+pub fn session_key(
+    headers: &HeaderMap,
+    session_header: &SessionHeaders,
+    request: &ChatRequest,
+) -> SessionKey {
     key(headers, session_header, || {
         let first = |role: Role| {
             request
@@ -107,7 +173,7 @@ pub fn session_key(headers: &HeaderMap, session_header: &str, request: &ChatRequ
 /// [`session_key`] of a request known by its [`Outline`] (the same key).
 pub fn session_key_of_outline(
     headers: &HeaderMap,
-    session_header: &str,
+    session_header: &SessionHeaders,
     outline: &Outline<'_>,
 ) -> SessionKey {
     key(headers, session_header, || Fingerprint {
@@ -123,10 +189,10 @@ pub fn session_key_of_outline(
 /// no session header; `None` when they are needed and `parts` cannot find them.
 pub fn session_key_with(
     headers: &HeaderMap,
-    session_header: &str,
+    session_header: &SessionHeaders,
     parts: impl FnOnce() -> Option<FingerprintParts>,
 ) -> Option<SessionKey> {
-    if session_id(headers, session_header).is_some() {
+    if session_header.id(headers).is_some() {
         let unused = || Fingerprint { model: String::new(), system: None, user: None, scope: None };
         return Some(key(headers, session_header, unused));
     }
@@ -139,16 +205,11 @@ pub fn session_key_with(
     }))
 }
 
-/// The session header's value, when the request names its conversation.
-fn session_id<'h>(headers: &'h HeaderMap, session_header: &str) -> Option<&'h HeaderValue> {
-    headers.get(session_header).filter(|v| !v.is_empty())
-}
-
 /// The key from the credential and the session header, or else from the fingerprint
 /// `(model, first system message, first user message)` that `fingerprint` gives.
 fn key<'a>(
     headers: &HeaderMap,
-    session_header: &str,
+    session_header: &SessionHeaders,
     fingerprint: impl FnOnce() -> Fingerprint<'a>,
 ) -> SessionKey {
     let mut hash = Sha256::new();
@@ -162,7 +223,7 @@ fn key<'a>(
         None => hash.update(b"anonymous"),
     }
     hash.update(b"\0");
-    match session_id(headers, session_header) {
+    match session_header.id(headers) {
         Some(id) => {
             hash.update(b"header\0");
             hash.update(id.as_bytes());
@@ -222,6 +283,10 @@ mod tests {
         ChatRequest::parse(body.to_string().as_bytes()).unwrap()
     }
 
+    fn x_session_id() -> SessionHeaders {
+        SessionHeaders::new(&["x-session-id"]).unwrap()
+    }
+
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         pairs.iter().map(|(k, v)| (http::HeaderName::from_static(k), v.parse().unwrap())).collect()
     }
@@ -231,18 +296,18 @@ mod tests {
         let r = request("hi");
         let a = session_key(
             &headers(&[("authorization", "Bearer A"), ("x-session-id", "s1")]),
-            "x-session-id",
+            &x_session_id(),
             &r,
         );
         let b = session_key(
             &headers(&[("authorization", "Bearer B"), ("x-session-id", "s1")]),
-            "x-session-id",
+            &x_session_id(),
             &r,
         );
         assert_ne!(a, b);
         let a2 = session_key(
             &headers(&[("authorization", "Bearer A"), ("x-session-id", "s1")]),
-            "x-session-id",
+            &x_session_id(),
             &request("other"),
         );
         assert_eq!(a, a2, "with the header, content does not matter");
@@ -251,12 +316,12 @@ mod tests {
     #[test]
     fn fingerprint_follows_the_start_of_the_conversation() {
         let h = headers(&[("api-key", "k")]);
-        let a = session_key(&h, "x-session-id", &request("task one"));
-        assert_eq!(a, session_key(&h, "x-session-id", &request("task one")));
-        assert_ne!(a, session_key(&h, "x-session-id", &request("task two")));
+        let a = session_key(&h, &x_session_id(), &request("task one"));
+        assert_eq!(a, session_key(&h, &x_session_id(), &request("task one")));
+        assert_ne!(a, session_key(&h, &x_session_id(), &request("task two")));
         assert_ne!(
             a,
-            session_key(&headers(&[("api-key", "other")]), "x-session-id", &request("task one"))
+            session_key(&headers(&[("api-key", "other")]), &x_session_id(), &request("task one"))
         );
     }
 
@@ -270,8 +335,8 @@ mod tests {
         let system_only = body(serde_json::json!([{"role": "system", "content": "x"}]));
         let user_only = body(serde_json::json!([{"role": "user", "content": "x"}]));
         assert_ne!(
-            session_key(&h, "x-session-id", &system_only),
-            session_key(&h, "x-session-id", &user_only)
+            session_key(&h, &x_session_id(), &system_only),
+            session_key(&h, &x_session_id(), &user_only)
         );
         assert_eq!(hex(&[0x00, 0x9f, 0xa0, 0xff]), "009fa0ff");
     }
@@ -288,7 +353,7 @@ mod tests {
     #[test]
     fn keys_never_contain_the_credential_or_the_session_id() {
         let h = headers(&[("authorization", "Bearer sk-secret"), ("x-session-id", "my-session")]);
-        let key = session_key(&h, "x-session-id", &request("x"));
+        let key = session_key(&h, &x_session_id(), &request("x"));
         assert_eq!(key.as_str().len(), 32);
         assert!(!key.as_str().contains("secret") && !key.as_str().contains("my-session"));
     }
@@ -304,7 +369,7 @@ mod tests {
             }
             session_key(
                 &h,
-                "x-session-id",
+                &x_session_id(),
                 &ChatRequest::parse(body.to_string().as_bytes()).unwrap(),
             )
         };
@@ -317,7 +382,7 @@ mod tests {
             assert_ne!(x, y);
         }
         // No scope, or an empty one, keys the conversation as before.
-        assert_eq!(none, session_key(&h, "x-session-id", &request("task")));
+        assert_eq!(none, session_key(&h, &x_session_id(), &request("task")));
         assert_eq!(none, scoped(serde_json::json!({"prompt_cache_key": ""})));
         assert_eq!(none, scoped(serde_json::json!({"metadata": {"other": "x"}})));
         // The first messages still count: one scope, two starts, two conversations.
@@ -325,7 +390,7 @@ mod tests {
             br#"{"model":"gpt-4o","prompt_cache_key":"conv-a","messages":[{"role":"user","content":"other"}]}"#,
         )
         .unwrap();
-        assert_ne!(a, session_key(&h, "x-session-id", &other));
+        assert_ne!(a, session_key(&h, &x_session_id(), &other));
     }
 
     #[test]
@@ -342,11 +407,80 @@ mod tests {
             let outline = Outline::scan(body.as_bytes()).unwrap();
             for h in [headers(&[("api-key", "k")]), headers(&[("x-session-id", "s")])] {
                 assert_eq!(
-                    session_key(&h, "x-session-id", &parsed),
-                    session_key_of_outline(&h, "x-session-id", &outline),
+                    session_key(&h, &x_session_id(), &parsed),
+                    session_key_of_outline(&h, &x_session_id(), &outline),
                     "{body}"
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_first_configured_header_present_names_the_conversation() {
+        let defaults = SessionHeaders::default();
+        let key = |pairs: &[(&'static str, &'static str)], first_user: &str| {
+            let mut all = vec![("authorization", "Bearer sk-a")];
+            all.extend_from_slice(pairs);
+            session_key(&headers(&all), &defaults, &request(first_user))
+        };
+        // Codex's headers name its conversation whatever its messages.
+        for name in ["x-session-id", "thread-id", "session-id", "session_id"] {
+            assert_eq!(key(&[(name, "c1")], "one"), key(&[(name, "c1")], "two"), "{name}");
+            assert_ne!(key(&[(name, "c1")], "one"), key(&[(name, "c2")], "one"), "{name}");
+            assert_ne!(key(&[(name, "c1")], "one"), key(&[], "one"), "{name}");
+        }
+        // In order: foldgate's own header first, then the thread, then the session.
+        assert_eq!(
+            key(&[("session-id", "s"), ("thread-id", "t")], "x"),
+            key(&[("thread-id", "t")], "y")
+        );
+        assert_eq!(
+            key(&[("session-id", "s"), ("x-session-id", "mine")], "x"),
+            key(&[("x-session-id", "mine")], "y")
+        );
+        // An empty header does not count.
+        assert_eq!(
+            key(&[("thread-id", ""), ("session-id", "s")], "x"),
+            key(&[("session-id", "s")], "y")
+        );
+        // A configured list is looked up in its own order.
+        let custom = SessionHeaders::new(&["x-conversation", "x-session-id"]).unwrap();
+        let h = headers(&[("x-conversation", "a"), ("x-session-id", "b")]);
+        let only = headers(&[("x-conversation", "a")]);
+        assert_eq!(
+            session_key(&h, &custom, &request("x")),
+            session_key(&only, &custom, &request("y"))
+        );
+        assert!(SessionHeaders::new(&["bad header"]).is_err());
+    }
+
+    #[test]
+    fn claude_codes_session_is_read_from_its_user_id() {
+        let h = headers(&[("authorization", "Bearer sk-a")]);
+        let with_user_id = |user_id: &str| {
+            let body = serde_json::json!({"model": "claude", "metadata": {"user_id": user_id},
+                "messages": [{"role": "user", "content": "task"}]});
+            session_key(
+                &h,
+                &x_session_id(),
+                &ChatRequest::parse(body.to_string().as_bytes()).unwrap(),
+            )
+        };
+        let json = |device: &str, session: &str| {
+            serde_json::json!({"device_id": device, "account_uuid": "", "session_id": session})
+                .to_string()
+        };
+        // Today's JSON: the session counts, not what sits beside it.
+        assert_eq!(with_user_id(&json("d1", "s1")), with_user_id(&json("d2", "s1")));
+        assert_ne!(with_user_id(&json("d1", "s1")), with_user_id(&json("d1", "s2")));
+        // The earlier form names the same session the same way.
+        assert_eq!(with_user_id(&json("d1", "s1")), with_user_id("user_abc_account__session_s1"));
+        assert_ne!(
+            with_user_id("user_abc_account__session_s1"),
+            with_user_id("user_abc_account__session_s2")
+        );
+        // Anything else is taken whole.
+        assert_ne!(with_user_id("alice"), with_user_id("bob"));
+        assert_eq!(with_user_id("{not json"), with_user_id("{not json"));
     }
 }

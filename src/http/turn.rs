@@ -16,6 +16,7 @@ use super::body::ProxyBody;
 use super::dialect::Dialect;
 use super::inspect::{EdgeFacts, Inspector};
 use super::served_by::ProviderApis;
+use super::session_key::SessionHeaders;
 use super::usage_tap::{OnUsage, UsageSlot, team_of};
 use crate::compaction::{FoldWhen, Options, Report, WholeFold};
 use crate::conversation::{Caller, Conversations, Decision, Overflow};
@@ -32,8 +33,8 @@ use crate::vocab::{Outcome, ProviderApi};
 pub struct Turns {
     /// The conversation stage.
     pub conversations: Conversations,
-    /// The header naming a conversation.
-    pub session_header: HeaderName,
+    /// The headers naming a conversation (`session.header`).
+    pub session_header: SessionHeaders,
     /// `compaction.enabled`.
     pub enabled: bool,
     /// The session inspector, when on (`admin.listen`): every request is recorded.
@@ -114,7 +115,7 @@ impl Turns {
             token_ratio: self.token_ratio(dialect, &model_name),
             ..Options::default()
         };
-        let session_header = self.session_header.as_str();
+        let session_header = &self.session_header;
         // Far below the trigger (most requests of most conversations) the request goes as
         // it is: not parsed, no conversation state, no hop to the compaction runtime.
         let quick = outline.as_ref().and_then(|outline| {

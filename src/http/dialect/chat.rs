@@ -10,7 +10,7 @@ use super::Dialect;
 use crate::api;
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
-use crate::http::session_key::session_key_of_outline;
+use crate::http::session_key::{SessionHeaders, session_key_of_outline};
 use crate::learned::windows::MIN_WINDOW;
 use crate::metrics::Route;
 use crate::model::ChatRequest;
@@ -49,7 +49,7 @@ impl Dialect for ChatCompletions {
     fn outline_session_key(
         &self,
         headers: &HeaderMap,
-        session_header: &str,
+        session_header: &SessionHeaders,
         outline: &Outline<'_>,
     ) -> Option<SessionKey> {
         Some(session_key_of_outline(headers, session_header, outline))

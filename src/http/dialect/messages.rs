@@ -26,7 +26,7 @@ use crate::compaction::tokens::Encoding;
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
 use crate::http::served_by::{ProviderApis, rejects_field};
-use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
+use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
@@ -121,7 +121,7 @@ impl Dialect for Messages {
     fn outline_session_key(
         &self,
         headers: &HeaderMap,
-        session_header: &str,
+        session_header: &SessionHeaders,
         outline: &MessagesOutline<'_>,
     ) -> Option<SessionKey> {
         let scan = &outline.outline;
@@ -234,8 +234,9 @@ mod tests {
         for body in bodies {
             let outline = Messages.outline(body.as_bytes()).unwrap();
             let (request, _) = Messages.parse(body.as_bytes()).unwrap();
-            let parsed = Messages.session_key(&headers, "x-session-id", &request);
-            let outlined = Messages.outline_session_key(&headers, "x-session-id", &outline);
+            let parsed = Messages.session_key(&headers, &SessionHeaders::default(), &request);
+            let outlined =
+                Messages.outline_session_key(&headers, &SessionHeaders::default(), &outline);
             assert_eq!(outlined, Some(parsed.clone()), "{body}");
             keys.push(parsed);
         }

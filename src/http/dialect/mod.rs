@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use super::served_by::ProviderApis;
+use super::session_key::SessionHeaders;
 use super::sse::Event;
 use crate::api::anthropic_edits::{AppliedEdit, ContextManagement};
 use crate::api::compaction_item::ContextCompaction;
@@ -165,7 +166,7 @@ pub trait Dialect: Send + Sync + 'static {
     fn outline_session_key(
         &self,
         headers: &HeaderMap,
-        session_header: &str,
+        session_header: &SessionHeaders,
         outline: &Self::Outline<'_>,
     ) -> Option<SessionKey>;
 
@@ -185,7 +186,7 @@ pub trait Dialect: Send + Sync + 'static {
     fn session_key(
         &self,
         headers: &HeaderMap,
-        session_header: &str,
+        session_header: &SessionHeaders,
         request: &ChatRequest,
     ) -> SessionKey {
         super::session_key::session_key(headers, session_header, request)

@@ -36,7 +36,7 @@ use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
 use crate::http::served_by::ProviderApis;
-use crate::http::session_key::{FingerprintParts, scope_of, session_key_with};
+use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::http::sse::Event;
 use crate::metrics::Route;
 use crate::model::ChatRequest;
@@ -130,7 +130,7 @@ impl Dialect for Responses {
     fn outline_session_key(
         &self,
         headers: &HeaderMap,
-        session_header: &str,
+        session_header: &SessionHeaders,
         outline: &ResponsesOutline<'_>,
     ) -> Option<SessionKey> {
         let fields = &outline.fields;
@@ -308,8 +308,9 @@ mod tests {
             let bytes = serde_json::to_vec(&body).unwrap();
             let outline = Responses.outline(&bytes).unwrap();
             let (request, _) = Responses.parse(&bytes).unwrap();
-            let parsed = Responses.session_key(&headers, "x-session-id", &request);
-            let outlined = Responses.outline_session_key(&headers, "x-session-id", &outline);
+            let parsed = Responses.session_key(&headers, &SessionHeaders::default(), &request);
+            let outlined =
+                Responses.outline_session_key(&headers, &SessionHeaders::default(), &outline);
             assert_eq!(outlined, Some(parsed), "{body}");
         }
     }
@@ -323,11 +324,16 @@ mod tests {
         // A compaction item before any system message is the first system message.
         let body = serde_json::to_vec(&json!({"model": "m", "input": [pinned, user]})).unwrap();
         let outline = Responses.outline(&body).unwrap();
-        assert_eq!(Responses.outline_session_key(&headers, "x-session-id", &outline), None);
+        assert_eq!(
+            Responses.outline_session_key(&headers, &SessionHeaders::default(), &outline),
+            None
+        );
         // With a session header the fingerprint is not needed.
         let mut named = HeaderMap::new();
         named.insert("x-session-id", "s1".parse().unwrap());
-        assert!(Responses.outline_session_key(&named, "x-session-id", &outline).is_some());
+        assert!(
+            Responses.outline_session_key(&named, &SessionHeaders::default(), &outline).is_some()
+        );
         // State the provider keeps, or no `input`: parsed.
         for body in [
             json!({"model": "m", "input": [user], "previous_response_id": "resp_1"}),

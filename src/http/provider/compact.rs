@@ -19,10 +19,11 @@ use crate::api::compaction_item::{self, Sealed, open_items};
 use crate::api::{self, ListWriter, Origins};
 use crate::compaction::{FoldWhen, Options, WholeFold};
 use crate::config::ServedBy;
-use crate::http::body::{BodyProgress, ProxyBody, full, read_limited};
+use crate::http::body::{BodyProgress, ProxyBody, full};
 use crate::http::dialect::Responses;
 use crate::http::error::ProxyError;
-use crate::http::passthrough::{self, build_request, client_response, declared_length};
+use crate::http::passthrough::{self, build_request, client_response};
+use crate::http::request_body;
 use crate::http::turn::{Turns, caller};
 use crate::http::upstream::Upstream;
 use crate::learned::ProviderApi;
@@ -45,16 +46,16 @@ pub async fn handle(
     if provider.served_by(API) == ServedBy::Upstream {
         return passthrough::forward(upstream, max_body, metrics, request, progress).await;
     }
-    if declared_length(request.headers()).is_some_and(|len| len > max_body) {
-        return Err(ProxyError::BodyTooLarge { limit: max_body });
-    }
     let (parts, body) = request.into_parts();
-    let body = read_limited(body, max_body, progress).await?;
-    if !provider.foldgate_serves(API, conversations, upstream.name()) {
+    let received = request_body::read(&parts.headers, body, max_body, progress, metrics).await?;
+    let body = received.content().cloned();
+    if body.is_none() || !provider.foldgate_serves(API, conversations, upstream.name()) {
+        // Asked first, as received (a body foldgate cannot decode is only ever forwarded).
         let mut headers = parts.headers.clone();
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let raw = received.raw().clone();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(raw.len()));
         let outgoing =
-            build_request(upstream, parts.method.clone(), &parts.uri, headers, full(body.clone()))?;
+            build_request(upstream, parts.method.clone(), &parts.uri, headers, full(raw))?;
         let response = upstream.send(outgoing).await?;
         if !matches!(response.status(), StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED) {
             metrics.provider_compaction(API, false);
@@ -62,6 +63,11 @@ pub async fn handle(
         }
         conversations.learn_unserved(API, upstream.name()).await;
     }
+    let Some(body) = body else {
+        return Err(ProxyError::InvalidRequest(
+            "the request body's Content-Encoding could not be decoded".to_owned(),
+        ));
+    };
     let response = serve(turns, &parts.headers, &body).await?;
     metrics.provider_compaction(API, true);
     Ok(response)

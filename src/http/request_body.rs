@@ -1,0 +1,110 @@
+//! The body of a request to a compacted route, read once: within `server.max_body_size`
+//! as received, and decoded within the same limit when it arrives compressed. What is
+//! forwarded is correct for its headers: the body as received when foldgate sends its
+//! content unchanged, else the new content identity-encoded.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http::header::CONTENT_ENCODING;
+use hyper::body::Incoming;
+
+use super::body::{BodyProgress, read_limited};
+use super::content_coding::{self, Coding, DecodeError, Encoding};
+use super::error::ProxyError;
+use super::passthrough::declared_length;
+use crate::metrics::{BodyEncoding, DecodeResult, Metrics};
+
+/// A request body as received, and its content when foldgate can read it.
+pub struct ReceivedBody {
+    /// The bytes as they arrived.
+    raw: Bytes,
+    /// The content: `raw` itself when not compressed, else decoded; `None` when the
+    /// coding is unknown or the bytes are not valid for it.
+    content: Option<Bytes>,
+    /// The body arrived with a `Content-Encoding` foldgate decoded.
+    decoded: bool,
+}
+
+impl ReceivedBody {
+    /// The body's content, when foldgate can read it.
+    pub fn content(&self) -> Option<&Bytes> {
+        self.content.as_ref()
+    }
+
+    /// The bytes as received.
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+
+    /// The bytes to send for `body` (the content to forward) and the headers that go
+    /// with them: the body as received, headers unchanged, when `body` is the decoded
+    /// content unchanged; else `body` identity-encoded, `Content-Encoding` removed.
+    /// (`Content-Length` is set by the sender.)
+    pub fn outgoing(&self, body: Bytes, headers: &mut HeaderMap) -> Bytes {
+        match &self.content {
+            Some(content) if self.decoded => {
+                if body == content {
+                    return self.raw.clone();
+                }
+                headers.remove(CONTENT_ENCODING);
+                body
+            }
+            _ => body,
+        }
+    }
+}
+
+/// Reads the body of a request with `headers`: a declared length over `limit` is
+/// refused before reading, a body that grows past it while read too, and a compressed
+/// body is decoded with its output bounded by `limit` (413 past it).
+pub async fn read(
+    headers: &HeaderMap,
+    body: Incoming,
+    limit: u64,
+    progress: Arc<BodyProgress>,
+    metrics: &Metrics,
+) -> Result<ReceivedBody, ProxyError> {
+    if declared_length(headers).is_some_and(|len| len > limit) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let raw = read_limited(body, limit, progress).await?;
+    let codings = match content_coding::encoding(headers) {
+        Encoding::Identity => {
+            return Ok(ReceivedBody { content: Some(raw.clone()), raw, decoded: false });
+        }
+        Encoding::Unknown(token) => {
+            tracing::debug!(encoding = %token, "unknown Content-Encoding: forwarded as received");
+            metrics.encoded_body(BodyEncoding::Unknown, DecodeResult::Unreadable);
+            return Ok(ReceivedBody { raw, content: None, decoded: false });
+        }
+        Encoding::Coded(codings) => codings,
+    };
+    let label = codings.last().map_or(BodyEncoding::Unknown, |&c| label(c));
+    match content_coding::decode(&raw, &codings, limit) {
+        Ok(decoded) => {
+            metrics.encoded_body(label, DecodeResult::Decoded);
+            Ok(ReceivedBody { raw, content: Some(Bytes::from(decoded)), decoded: true })
+        }
+        Err(DecodeError::TooLarge { limit }) => {
+            metrics.encoded_body(label, DecodeResult::TooLarge);
+            Err(ProxyError::DecodedBodyTooLarge { limit })
+        }
+        Err(e @ DecodeError::Invalid { .. }) => {
+            tracing::debug!(error = %e, "undecodable request body: forwarded as received");
+            metrics.encoded_body(label, DecodeResult::Unreadable);
+            Ok(ReceivedBody { raw, content: None, decoded: false })
+        }
+    }
+}
+
+/// The metric label of `coding`.
+fn label(coding: Coding) -> BodyEncoding {
+    match coding {
+        Coding::Gzip => BodyEncoding::Gzip,
+        Coding::Deflate => BodyEncoding::Deflate,
+        Coding::Brotli => BodyEncoding::Brotli,
+        Coding::Zstd => BodyEncoding::Zstd,
+    }
+}
