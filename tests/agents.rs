@@ -57,6 +57,8 @@ struct Outcome {
     outcomes: Vec<(String, f64)>,
     max_tokens: usize,
     over_window: usize,
+    /// The most thinking blocks or reasoning items one request brought back.
+    max_signed: usize,
     violations: Vec<String>,
     /// Requests not sent the agent's way (path or `stream`).
     reshaped: Vec<String>,
@@ -84,7 +86,7 @@ impl Outcome {
 
     fn row(&self) -> String {
         format!(
-            "| {} | {} | {:.1} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |",
             self.agent.name(),
             self.via(),
             self.finished.elapsed.as_secs_f64(),
@@ -93,6 +95,7 @@ impl Outcome {
             self.summaries,
             self.max_tokens,
             self.over_window,
+            self.max_signed,
         )
     }
 
@@ -148,7 +151,7 @@ impl Outcome {
     }
 }
 
-const HEADER: &str = "| agent | via | wall s | requests | compacted | digests asked | largest prompt (tokens) | over the window |\n| --- | --- | --- | --- | --- | --- | --- | --- |";
+const HEADER: &str = "| agent | via | wall s | requests | compacted | digests asked | largest prompt (tokens) | over the window | signed blocks sent back |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |";
 
 /// A fresh directory for one run under the target directory (Codex refuses helper
 /// binaries under /tmp).
@@ -288,6 +291,7 @@ async fn run(agent: Agent, via: Via) -> Outcome {
         outcomes: outcomes_seen,
         max_tokens: conversation.iter().map(|s| s.tokens).max().unwrap_or(0),
         over_window: conversation.iter().filter(|s| s.tokens > agent.window()).count(),
+        max_signed: conversation.iter().map(|s| s.signed).max().unwrap_or(0),
         violations,
         reshaped,
         foldgate_warnings,
@@ -372,4 +376,69 @@ async fn agents_table() {
         }
     }
     eprintln!("{STEPS} steps of {LINES} lines each\n{HEADER}\n{}", rows.join("\n"));
+}
+
+/// The model's checks catch what a provider rejects (so a passing run is not vacuous).
+#[test]
+fn scripted_model_checks() {
+    use scripted_model::{chat, messages, responses, validate};
+    use serde_json::json;
+    let check = |f: fn(&serde_json::Value, &mut Vec<String>), body: serde_json::Value| {
+        let mut out = Vec::new();
+        f(&body, &mut out);
+        out
+    };
+    let tool_use = |id: &str| json!({"type": "tool_use", "id": id, "name": "Bash", "input": {}});
+    let result = |id: &str| json!({"type": "tool_result", "tool_use_id": id, "content": "STEP 1"});
+    let thought =
+        |text: &str, sig: &str| json!({"type": "thinking", "thinking": text, "signature": sig});
+    let good = json!({"messages": [
+        {"role": "user", "content": "task"},
+        {"role": "system", "content": "reminder"},
+        {"role": "assistant", "content": [thought("t", &validate::signature("t")), tool_use("a")]},
+        {"role": "user", "content": [result("a")]},
+    ]});
+    assert_eq!(check(messages::check, good), Vec::<String>::new());
+    let cc = json!({"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}});
+    for bad in [
+        json!({"messages": [{"role": "assistant", "content": "hi"}]}),
+        json!({"messages": [{"role": "user", "content": "t"}, {"role": "assistant", "content": [tool_use("a")]}, {"role": "user", "content": "go on"}]}),
+        json!({"messages": [{"role": "user", "content": [result("a")]}]}),
+        json!({"messages": [{"role": "user", "content": "t"}, {"role": "assistant", "content": [thought("edited", &validate::signature("t"))]}, {"role": "user", "content": "next"}]}),
+        json!({"system": [cc.clone(), cc.clone(), cc.clone()], "messages": [{"role": "user", "content": [cc.clone(), cc]}]}),
+    ] {
+        assert!(!check(messages::check, bad.clone()).is_empty(), "{bad}");
+    }
+    let call = |id: &str| json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": "{}"}}]});
+    let tool = |id: &str| json!({"role": "tool", "tool_call_id": id, "content": "STEP 1"});
+    let user = json!({"role": "user", "content": "task"});
+    assert!(check(chat::check, json!({"messages": [user, call("a"), tool("a")]})).is_empty());
+    for bad in [
+        json!({"messages": [user, call("a"), user, tool("a")]}),
+        json!({"messages": [user, call("a")]}),
+        json!({"messages": [user, tool("a")]}),
+    ] {
+        assert!(!check(chat::check, bad.clone()).is_empty(), "{bad}");
+    }
+    let fc = |id: &str| json!({"type": "function_call", "call_id": id, "name": "exec_command", "arguments": "{}"});
+    let out = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "STEP 1"});
+    let reasoning =
+        |c: &str| json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": c});
+    let ok = validate::sealed("r");
+    assert!(
+        check(responses::check, json!({"input": [reasoning(&ok), fc("a"), out("a")]})).is_empty()
+    );
+    for bad in [
+        json!({"input": [out("a"), fc("a")]}),
+        json!({"input": [fc("a")]}),
+        json!({"input": [{"type": "compaction", "encrypted_content": "sealed"}]}),
+        json!({"input": [reasoning(&format!("x{ok}")), fc("a"), out("a")]}),
+    ] {
+        assert!(!check(responses::check, bad.clone()).is_empty(), "{bad}");
+    }
+    assert_eq!(
+        scripted_model::last_step("Output:\nSTEP 12\nstep 12 output line 1\nEND STEP 12"),
+        Some(12)
+    );
+    assert_eq!(scripted_model::last_step("no marker"), None);
 }

@@ -262,7 +262,9 @@ pub fn run(mut cmd: Command, limit: Duration) -> Finished {
             break Some(status);
         }
         if start.elapsed() > limit {
-            let _ = Command::new("kill").args(["-KILL", &format!("-{}", child.id())]).status();
+            // The whole group; `--` so that the negative id is read as a group, not an option.
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-s", "KILL", "--", &group]).status();
             let _ = child.wait();
             break None;
         }

@@ -5,13 +5,14 @@
 use http::Response;
 use serde_json::{Value, json};
 
-use super::validate::{cache_controls, pairs, text_of};
+use super::validate::{cache_controls, pairs, signature, text_of};
 use super::{Body, Reply, Shell, event_stream, json_response};
 
 /// Roles alternate from `user` once consecutive turns of one role are merged (Claude Code's
 /// `system` messages between them are set aside); each `tool_use` is answered in the next
 /// user turn, each `tool_result` answers the assistant turn just before; at most four
-/// `cache_control` breakpoints; thinking blocks whole with their signature.
+/// `cache_control` breakpoints; thinking blocks whole, as the model wrote them (their
+/// signature is a hash of their text).
 pub fn check(body: &Value, out: &mut Vec<String>) {
     let Some(messages) = body["messages"].as_array() else {
         out.push("no messages array".into());
@@ -92,15 +93,17 @@ pub fn check(body: &Value, out: &mut Vec<String>) {
         events.extend(results.into_iter().map(|id| (false, id)));
         for b in blocks {
             let whole = match b["type"].as_str() {
-                Some("thinking") => {
-                    b["thinking"].is_string()
-                        && b["signature"].as_str().is_some_and(|s| !s.is_empty())
-                }
+                Some("thinking") => b["thinking"]
+                    .as_str()
+                    .is_some_and(|t| b["signature"].as_str() == Some(signature(t).as_str())),
                 Some("redacted_thinking") => b["data"].as_str().is_some_and(|s| !s.is_empty()),
                 _ => true,
             };
             if !whole {
-                out.push(format!("a {} block without its signature or data", b["type"]));
+                out.push(format!(
+                    "a {} block not as the model wrote it (text, signature or data)",
+                    b["type"]
+                ));
             }
         }
     }
@@ -146,6 +149,13 @@ pub fn answer(
             "tool_use",
         ),
     };
+    let mut content = content;
+    if ["enabled", "adaptive"].contains(&body["thinking"]["type"].as_str().unwrap_or("")) {
+        let thinking = format!("Reply {n}: the last tool result says which step comes next.");
+        let block =
+            json!({"type": "thinking", "thinking": thinking, "signature": signature(&thinking)});
+        content.insert(0, block);
+    }
     let usage = json!({"input_tokens": tokens, "output_tokens": 20, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0});
     let message = json!({"id": format!("msg_{n:05}"), "type": "message", "role": "assistant", "model": body["model"],
         "content": content, "stop_reason": stop, "stop_sequence": null, "usage": usage});
@@ -161,6 +171,20 @@ pub fn answer(
     start["usage"]["output_tokens"] = json!(1);
     event("message_start", json!({"type": "message_start", "message": start}));
     for (index, block) in content.iter().enumerate() {
+        if block["type"] == "thinking" {
+            let first = json!({"type": "thinking", "thinking": "", "signature": ""});
+            let text = json!({"type": "thinking_delta", "thinking": block["thinking"]});
+            let sig = json!({"type": "signature_delta", "signature": block["signature"]});
+            let start =
+                json!({"type": "content_block_start", "index": index, "content_block": first});
+            event("content_block_start", start);
+            for delta in [text, sig] {
+                let delta = json!({"type": "content_block_delta", "index": index, "delta": delta});
+                event("content_block_delta", delta);
+            }
+            event("content_block_stop", json!({"type": "content_block_stop", "index": index}));
+            continue;
+        }
         let (first, delta) = if block["type"] == "text" {
             (
                 json!({"type": "text", "text": ""}),

@@ -188,6 +188,8 @@ pub struct Seen {
     pub tokens: usize,
     /// It carries a foldgate digest, goal batch or stub.
     pub compacted: bool,
+    /// Thinking blocks or reasoning items it carries (the model's, signed).
+    pub signed: usize,
     pub status: u16,
     /// When it arrived, from the model's start.
     pub at: Duration,
@@ -262,6 +264,7 @@ impl State {
             summary,
             tokens,
             compacted,
+            signed: validate::signed(body),
             status: 200,
             at: self.started.elapsed(),
         });
@@ -277,6 +280,7 @@ impl State {
             summary: false,
             tokens: 0,
             compacted: false,
+            signed: 0,
             status,
             at: self.started.elapsed(),
         };

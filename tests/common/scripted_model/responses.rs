@@ -5,13 +5,14 @@
 use http::Response;
 use serde_json::{Value, json};
 
-use super::validate::{pairs, text_of};
+use super::validate::{pairs, sealed, text_of, unsealed};
 use super::{Body, Reply, Shell, event_stream, json_response};
 
 /// Every call (`function_call`, `custom_tool_call`, `local_shell_call`) answered by its
 /// output after it, by `call_id`; known message roles; no `compaction` item (this model
 /// never issued one, so any is foldgate's sealed item leaking) and no `item_reference`
-/// (this model keeps no state over HTTP).
+/// (this model keeps no state over HTTP); reasoning items as the model wrote them (their
+/// `encrypted_content` signed).
 pub fn check(body: &Value, out: &mut Vec<String>) {
     let items = match &body["input"] {
         Value::String(_) => return,
@@ -42,6 +43,9 @@ pub fn check(body: &Value, out: &mut Vec<String>) {
                 out.push(format!("a {kind} item reached the model (foldgate's sealed item leaked)"))
             }
             "item_reference" => out.push("an item_reference, but the model keeps no state".into()),
+            "reasoning" if !item["encrypted_content"].as_str().is_some_and(unsealed) => {
+                out.push(format!("reasoning item {} not as the model wrote it", item["id"]));
+            }
             _ => {}
         }
     }
@@ -67,9 +71,16 @@ pub fn last_result(body: &Value) -> Option<String> {
         .map(|i| text_of(&i["output"]))
 }
 
-/// The output items of `reply`.
-pub fn output(reply: &Reply, n: usize) -> Vec<Value> {
-    match reply {
+/// The output items of `reply`: a reasoning item first when the request asks for their
+/// encrypted content back (as Codex does).
+pub fn output(body: &Value, reply: &Reply, n: usize) -> Vec<Value> {
+    let mut items = Vec::new();
+    let include = body["include"].as_array().into_iter().flatten();
+    if include.into_iter().any(|i| i == "reasoning.encrypted_content") {
+        items.push(json!({"type": "reasoning", "id": format!("rs_{n:05}"), "summary": [],
+            "encrypted_content": sealed(&format!("reasoning of reply {n}"))}));
+    }
+    items.extend(match reply {
         Reply::Text(text) => vec![
             json!({"type": "message", "id": format!("msg_{n:05}"), "status": "completed", "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}),
@@ -78,7 +89,8 @@ pub fn output(reply: &Reply, n: usize) -> Vec<Value> {
             vec![json!({"type": "function_call", "id": format!("fc_{n:05}"),
             "call_id": format!("call_{n:05}"), "name": name, "arguments": arguments.to_string(), "status": "completed"})]
         }
-    }
+    });
+    items
 }
 
 /// The completed response object.
@@ -102,7 +114,11 @@ pub fn events(response: &Value) -> Vec<Value> {
     for (index, item) in response["output"].as_array().into_iter().flatten().enumerate() {
         let mut added = item.clone();
         added["status"] = json!("in_progress");
-        if item["type"] == "function_call" {
+        if item["type"] == "reasoning" {
+            events.push(
+                json!({"type": "response.output_item.added", "output_index": index, "item": added}),
+            );
+        } else if item["type"] == "function_call" {
             added["arguments"] = json!("");
             events.push(
                 json!({"type": "response.output_item.added", "output_index": index, "item": added}),
@@ -139,7 +155,7 @@ pub fn answer(
     tokens: usize,
     stream: bool,
 ) -> Response<Body> {
-    let response = response(body, &output(reply, n), n, tokens);
+    let response = response(body, &output(body, reply, n), n, tokens);
     if !stream {
         return json_response(&response);
     }

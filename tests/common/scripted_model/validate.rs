@@ -14,6 +14,32 @@ pub fn tokens(text: &str) -> usize {
     bpe_openai::o200k_base().count(text)
 }
 
+/// The signature the model gives its thinking text (and reasoning items): a hash of the
+/// text, so that a block edited on its way back does not match.
+pub fn signature(text: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A reasoning item's `encrypted_content`: a payload and its signature.
+pub fn sealed(payload: &str) -> String {
+    format!("{payload}.{}", signature(payload))
+}
+
+/// True when `content` is one [`sealed`] made.
+pub fn unsealed(content: &str) -> bool {
+    content.rsplit_once('.').is_some_and(|(payload, sig)| signature(payload) == sig)
+}
+
+/// Thinking blocks (Messages) and reasoning items (Responses) in a request.
+pub fn signed(body: &Value) -> usize {
+    let blocks = body["messages"].as_array().into_iter().flatten();
+    let blocks = blocks.filter_map(|m| m["content"].as_array()).flatten();
+    let items = body["input"].as_array().into_iter().flatten();
+    blocks.chain(items).filter(|b| b["type"] == "thinking" || b["type"] == "reasoning").count()
+}
+
 /// Text of a tool result's content: a string, or the text of its parts.
 pub fn text_of(content: &Value) -> String {
     match content {

@@ -100,8 +100,11 @@ fn respond(
     let whole = body.to_string();
     let (n, reply, tokens) = state.turn(Api::Responses, path, "WS", &body, &whole, false);
     // A warm-up (`generate: false`) answers with no output.
-    let output =
-        if body["generate"] == json!(false) { Vec::new() } else { responses::output(&reply, n) };
+    let output = if body["generate"] == json!(false) {
+        Vec::new()
+    } else {
+        responses::output(&body, &reply, n)
+    };
     let response = responses::response(&body, &output, n, tokens);
     let mut conversation = body["input"].as_array().cloned().unwrap_or_default();
     conversation.extend(output);
