@@ -55,6 +55,8 @@ struct Outcome {
     compacted_seen: usize,
     /// foldgate's `chat_requests_total` by outcome.
     outcomes: Vec<(String, f64)>,
+    /// Conversations foldgate held at the end (`foldgate_active_sessions`).
+    sessions: Option<f64>,
     max_tokens: usize,
     over_window: usize,
     /// The most thinking blocks or reasoning items one request brought back.
@@ -86,7 +88,7 @@ impl Outcome {
 
     fn row(&self) -> String {
         format!(
-            "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |",
             self.agent.name(),
             self.via(),
             self.finished.elapsed.as_secs_f64(),
@@ -96,6 +98,7 @@ impl Outcome {
             self.max_tokens,
             self.over_window,
             self.max_signed,
+            self.sessions.map_or("-".into(), |n| n.to_string()),
         )
     }
 
@@ -151,7 +154,7 @@ impl Outcome {
     }
 }
 
-const HEADER: &str = "| agent | via | wall s | requests | compacted | digests asked | largest prompt (tokens) | over the window | signed blocks sent back |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |";
+const HEADER: &str = "| agent | via | wall s | requests | compacted | digests asked | largest prompt (tokens) | over the window | signed blocks sent back | conversations foldgate held |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |";
 
 /// A fresh directory for one run under the target directory (Codex refuses helper
 /// binaries under /tmp).
@@ -171,10 +174,10 @@ fn run_dir(agent: Agent, via: Via) -> PathBuf {
     dir
 }
 
-/// foldgate's metrics page.
-fn scrape(addr: &str) -> String {
+/// A page of foldgate's (`/metrics`, or the inspector's `/sessions`).
+fn scrape(addr: &str, path: &str) -> String {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut page = String::new();
     stream.read_to_string(&mut page).unwrap();
     page
@@ -203,6 +206,12 @@ async fn run(agent: Agent, via: Via) -> Outcome {
     let model = ScriptedModel::start(script).await;
     let dir = run_dir(agent, via);
     let mut foldgate = None;
+    let trace = std::env::var_os("FOLDGATE_AGENTS_TRACE").is_some();
+    // Tracing, the session inspector lists foldgate's conversations at the end.
+    let admin = trace.then(|| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        port.to_string()
+    });
     let root = match via {
         Via::Direct => model.root(),
         Via::Foldgate(kind) => {
@@ -212,12 +221,15 @@ async fn run(agent: Agent, via: Via) -> Outcome {
                 agent.window()
             );
             let anthropic = model.root();
-            let env = [
+            let mut env = vec![
                 ("FOLDGATE_UPSTREAM__ANTHROPIC_URL", anthropic.as_str()),
                 ("FOLDGATE_COMPACTION__MODELS", models.as_str()),
                 ("FOLDGATE_SUMMARIZER__KIND", kind),
                 ("FOLDGATE_SUMMARIZER__TIMEOUT", "10s"),
             ];
+            if let Some(admin) = &admin {
+                env.push(("FOLDGATE_ADMIN__LISTEN", admin.as_str()));
+            }
             let (child, addr, logs) = binary::spawn_serve(&model.v1(), &env);
             let root = format!("http://{addr}");
             foldgate = Some((child, addr, logs));
@@ -226,10 +238,18 @@ async fn run(agent: Agent, via: Via) -> Outcome {
     };
     let cmd = agent.command(&root, &dir);
     let finished = tokio::task::spawn_blocking(move || agent_cli::run(cmd, LIMIT)).await.unwrap();
-    let (mut outcomes_seen, mut foldgate_warnings) = (Vec::new(), Vec::new());
+    let (mut outcomes_seen, mut foldgate_warnings, mut sessions) = (Vec::new(), Vec::new(), None);
     if let Some((mut child, addr, logs)) = foldgate {
-        outcomes_seen =
-            outcomes(&tokio::task::spawn_blocking(move || scrape(&addr)).await.unwrap());
+        if let Some(admin) = admin.clone() {
+            let page = tokio::task::spawn_blocking(move || scrape(&admin, "/sessions")).await;
+            eprintln!("foldgate's sessions: {}", page.unwrap());
+        }
+        let page = tokio::task::spawn_blocking(move || scrape(&addr, "/metrics")).await.unwrap();
+        outcomes_seen = outcomes(&page);
+        sessions = page
+            .lines()
+            .find_map(|l| l.strip_prefix("foldgate_active_sessions "))
+            .and_then(|v| v.trim().parse().ok());
         child.kill().unwrap();
         child.wait().unwrap();
         foldgate_warnings = logs
@@ -239,7 +259,7 @@ async fn run(agent: Agent, via: Via) -> Outcome {
             .collect();
     }
     let seen = model.seen();
-    if std::env::var_os("FOLDGATE_AGENTS_TRACE").is_some() {
+    if trace {
         for s in &seen {
             eprintln!(
                 "{:>8.3}s {} {} stream {:?} summary {} tokens {}",
@@ -289,6 +309,7 @@ async fn run(agent: Agent, via: Via) -> Outcome {
         summaries: seen.iter().filter(|s| s.summary).count(),
         compacted_seen: conversation.iter().filter(|s| s.compacted).count(),
         outcomes: outcomes_seen,
+        sessions,
         max_tokens: conversation.iter().map(|s| s.tokens).max().unwrap_or(0),
         over_window: conversation.iter().filter(|s| s.tokens > agent.window()).count(),
         max_signed: conversation.iter().map(|s| s.signed).max().unwrap_or(0),
@@ -306,7 +327,8 @@ async fn run(agent: Agent, via: Via) -> Outcome {
 
 fn report(outcome: &Outcome) {
     eprintln!("{HEADER}\n{}", outcome.row());
-    eprintln!("foldgate outcomes: {:?}", outcome.outcomes);
+    let counted: Vec<_> = outcome.outcomes.iter().filter(|(_, v)| *v > 0.0).collect();
+    eprintln!("foldgate outcomes: {counted:?}, conversations held: {:?}", outcome.sessions);
     for line in &outcome.foldgate_warnings {
         eprintln!("foldgate: {line}");
     }
