@@ -57,6 +57,9 @@ struct Outcome {
     outcomes: Vec<(String, f64)>,
     /// Conversations foldgate held at the end (`foldgate_active_sessions`).
     sessions: Option<f64>,
+    /// WebSocket upgrades foldgate refused (426), and the seconds from the first refusal
+    /// to the first `POST /v1/responses`.
+    fallback: Option<(usize, f64)>,
     max_tokens: usize,
     over_window: usize,
     /// The most thinking blocks or reasoning items one request brought back.
@@ -142,6 +145,14 @@ impl Outcome {
             errors.join("\n")
         );
         assert!(self.requests > STEPS, "{what}: only {} requests for {STEPS} steps", self.requests);
+        if self.agent == Agent::CodexDefault {
+            // One refused upgrade, then HTTP at once: no retries, no backoff.
+            let (refused, after) = self.fallback.expect("Codex tried no WebSocket");
+            assert!(
+                refused == 1 && after < 2.0,
+                "{what}: {refused} upgrades refused, HTTP {after:.2} s after"
+            );
+        }
         // A good share: the task outgrows the window about a third of the way in.
         assert!(
             self.compacted() * 3.0 >= self.forwarded() && self.compacted_seen * 3 >= self.requests,
@@ -181,6 +192,36 @@ fn scrape(addr: &str, path: &str) -> String {
     let mut page = String::new();
     stream.read_to_string(&mut page).unwrap();
     page
+}
+
+/// From foldgate's access log: the WebSocket upgrades it answered 426, and the seconds
+/// from the first to the start of the first `POST /v1/responses` after it.
+fn websocket_fallback(log: &[String]) -> Option<(usize, f64)> {
+    // `2026-11-27T08:49:35.898115Z ... duration_ms=14.8` → seconds of the day.
+    let second = |line: &str| -> Option<f64> {
+        let time = line.split('T').nth(1)?.split('Z').next()?;
+        let mut parts = time.split(':');
+        let (h, m, s): (f64, f64, f64) =
+            (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
+        Some(h * 3600.0 + m * 60.0 + s)
+    };
+    let duration = |line: &str| -> Option<f64> {
+        line.split("duration_ms=")
+            .nth(1)?
+            .split(' ')
+            .next()?
+            .parse::<f64>()
+            .ok()
+            .map(|ms| ms / 1000.0)
+    };
+    let refused: Vec<&String> =
+        log.iter().filter(|l| l.contains("path=/v1/responses status=426")).collect();
+    let first = second(refused.first()?)?;
+    let post = log.iter().find(|l| {
+        l.contains("method=POST path=/v1/responses ")
+            && second(l).zip(duration(l)).is_some_and(|(end, d)| end - d >= first)
+    })?;
+    Some((refused.len(), second(post)? - duration(post)? - first))
 }
 
 /// `foldgate_chat_requests_total` by outcome.
@@ -239,6 +280,7 @@ async fn run(agent: Agent, via: Via) -> Outcome {
     let cmd = agent.command(&root, &dir);
     let finished = tokio::task::spawn_blocking(move || agent_cli::run(cmd, LIMIT)).await.unwrap();
     let (mut outcomes_seen, mut foldgate_warnings, mut sessions) = (Vec::new(), Vec::new(), None);
+    let mut fallback = None;
     if let Some((mut child, addr, logs)) = foldgate {
         if let Some(admin) = admin.clone() {
             let page = tokio::task::spawn_blocking(move || scrape(&admin, "/sessions")).await;
@@ -252,11 +294,10 @@ async fn run(agent: Agent, via: Via) -> Outcome {
             .and_then(|v| v.trim().parse().ok());
         child.kill().unwrap();
         child.wait().unwrap();
-        foldgate_warnings = logs
-            .after_exit()
-            .into_iter()
-            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-            .collect();
+        let log = logs.after_exit();
+        fallback = websocket_fallback(&log);
+        foldgate_warnings =
+            log.into_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
     }
     let seen = model.seen();
     if trace {
@@ -310,6 +351,7 @@ async fn run(agent: Agent, via: Via) -> Outcome {
         compacted_seen: conversation.iter().filter(|s| s.compacted).count(),
         outcomes: outcomes_seen,
         sessions,
+        fallback,
         max_tokens: conversation.iter().map(|s| s.tokens).max().unwrap_or(0),
         over_window: conversation.iter().filter(|s| s.tokens > agent.window()).count(),
         max_signed: conversation.iter().map(|s| s.signed).max().unwrap_or(0),
@@ -329,6 +371,9 @@ fn report(outcome: &Outcome) {
     eprintln!("{HEADER}\n{}", outcome.row());
     let counted: Vec<_> = outcome.outcomes.iter().filter(|(_, v)| *v > 0.0).collect();
     eprintln!("foldgate outcomes: {counted:?}, conversations held: {:?}", outcome.sessions);
+    if let Some((refused, after)) = outcome.fallback {
+        eprintln!("WebSocket upgrades refused: {refused}; first POST {after:.3} s after the first");
+    }
     for line in &outcome.foldgate_warnings {
         eprintln!("foldgate: {line}");
     }
@@ -394,6 +439,9 @@ async fn agents_table() {
                 outcome.via(),
                 outcome.sent.join("\n  ")
             );
+            if let Some((refused, after)) = outcome.fallback {
+                eprintln!("  WebSocket upgrades refused: {refused}, HTTP {after:.3} s after");
+            }
             rows.push(outcome.row());
         }
     }
