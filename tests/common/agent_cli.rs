@@ -105,7 +105,7 @@ impl Agent {
             let how = if self == Agent::MiniSweAgent {
                 "python3 -m venv tests/agents/.venv && tests/agents/.venv/bin/pip install -r tests/agents/requirements.txt"
             } else {
-                "npm ci --prefix tests/agents"
+                "npm install --prefix tests/agents"
             };
             assert!(
                 std::env::var_os("CI").is_none(),
