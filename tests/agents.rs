@@ -43,6 +43,15 @@ async fn claude_code() {
     through_foldgate(Agent::ClaudeCode).await;
 }
 
+/// Claude Code with a model id it does not know sends `system` messages inside `messages`;
+/// foldgate reads such a body as no conversation (`not_chat`) and never compacts it, so the
+/// run overflows the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "foldgate does not compact Messages bodies with system-role messages (not_chat)"]
+async fn claude_code_gateway_model() {
+    through_foldgate(Agent::ClaudeCodeGatewayModel).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_default_mode() {
     through_foldgate(Agent::CodexDefault).await;

@@ -18,6 +18,9 @@ pub const TASK: &str = "Run the scripted steps: one shell command at a time, as 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Agent {
     ClaudeCode,
+    /// Claude Code asking for a model id it does not know (as behind a gateway): it then
+    /// sends its environment as `system` messages inside `messages`.
+    ClaudeCodeGatewayModel,
     /// Codex's default mode: a WebSocket to `/v1/responses` first, HTTP after a refusal.
     CodexDefault,
     /// Codex with an HTTP `[model_providers]` entry (`wire_api = "responses"`).
@@ -38,6 +41,7 @@ impl Agent {
     pub fn name(self) -> &'static str {
         match self {
             Agent::ClaudeCode => "claude-code",
+            Agent::ClaudeCodeGatewayModel => "claude-code (gateway model id)",
             Agent::CodexDefault => "codex (default: websocket, then http)",
             Agent::CodexHttp => "codex (http provider)",
             Agent::OpenCode => "opencode",
@@ -49,6 +53,7 @@ impl Agent {
     pub fn model(self) -> &'static str {
         match self {
             Agent::ClaudeCode => "claude-sonnet-4-5",
+            Agent::ClaudeCodeGatewayModel => "gateway-claude",
             Agent::CodexDefault | Agent::CodexHttp => "gpt-5.5",
             Agent::OpenCode => "scripted",
             Agent::MiniSweAgent => "gpt-4o-mini",
@@ -59,7 +64,7 @@ impl Agent {
     /// thirty 6 KB step outputs do not.
     pub fn window(self) -> usize {
         match self {
-            Agent::ClaudeCode => 64_000,
+            Agent::ClaudeCode | Agent::ClaudeCodeGatewayModel => 64_000,
             Agent::CodexDefault | Agent::CodexHttp | Agent::OpenCode => 32_000,
             Agent::MiniSweAgent => 16_000,
         }
@@ -72,7 +77,9 @@ impl Agent {
     /// The path (with query) and `stream` value of each of its requests.
     pub fn sends(self) -> (&'static str, Option<bool>) {
         match self {
-            Agent::ClaudeCode => ("/v1/messages?beta=true", Some(true)),
+            Agent::ClaudeCode | Agent::ClaudeCodeGatewayModel => {
+                ("/v1/messages?beta=true", Some(true))
+            }
             Agent::CodexDefault | Agent::CodexHttp => ("/v1/responses", Some(true)),
             Agent::OpenCode => ("/v1/chat/completions", Some(true)),
             Agent::MiniSweAgent => ("/v1/chat/completions", None),
@@ -83,7 +90,9 @@ impl Agent {
     pub fn program(self) -> PathBuf {
         let agents = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents");
         match self {
-            Agent::ClaudeCode => agents.join("node_modules/.bin/claude"),
+            Agent::ClaudeCode | Agent::ClaudeCodeGatewayModel => {
+                agents.join("node_modules/.bin/claude")
+            }
             Agent::CodexDefault | Agent::CodexHttp => agents.join("node_modules/.bin/codex"),
             Agent::OpenCode => agents.join("node_modules/.bin/opencode"),
             Agent::MiniSweAgent => agents.join(".venv/bin/python"),
@@ -136,7 +145,7 @@ impl Agent {
             .env("XDG_STATE_HOME", home.join(".local/state"))
             .stdin(Stdio::null());
         match self {
-            Agent::ClaudeCode => {
+            Agent::ClaudeCode | Agent::ClaudeCodeGatewayModel => {
                 cmd.args(["-p", TASK, "--dangerously-skip-permissions", "--model", self.model()])
                     .env("ANTHROPIC_BASE_URL", root)
                     .env("ANTHROPIC_API_KEY", "sk-ant-test")
