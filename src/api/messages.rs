@@ -8,6 +8,7 @@
 //! | top-level `system` (string or text blocks) | one pinned `system` message |
 //! | `assistant` message | one `assistant` message: its `tool_use` blocks become `tool_calls` (`arguments` = the `input` JSON), every other block a content part (`thinking` / `redacted_thinking` as a part naming a hash of the block, never its signature) |
 //! | `user` message | its `tool_result` blocks become `tool` messages (`tool_call_id` = `tool_use_id`), each run of other blocks one `user` message; a string content one `user` message |
+//! | `system` message inside `messages` (Claude Code sends its environment so when it does not know the model id, as behind a gateway) | one pinned `system` message, kept in its place and forwarded as its original bytes |
 //! | `image` block | an `image_url` part naming a hash of the block (counted like an image of unknown size) |
 //! | `document` block | a base64 PDF: a `file` part naming a hash of the block and its pages (counted per page); a text document: a text part; others as they are |
 //!
@@ -46,7 +47,7 @@ pub const OMITTED_NOTE: &str = "[COMPACTED CONTEXT] Earlier turns of this conver
 /// received, `messages` replaced by the neutral messages) and where each neutral message
 /// came from: the items of [`Origins`] are the body's messages; the `system` message names
 /// no item. `None` when the body is not a Messages request foldgate understands (not
-/// UTF-8 JSON, no `messages` array, a role other than `user` / `assistant`, a content
+/// UTF-8 JSON, no `messages` array, a role other than `user` / `assistant` / `system`, a content
 /// that is neither a string nor an array of objects).
 pub fn parse(body: &[u8]) -> Option<(ChatRequest, Origins)> {
     let text = std::str::from_utf8(body).ok()?;
@@ -62,12 +63,15 @@ pub fn parse(body: &[u8]) -> Option<(ChatRequest, Origins)> {
     }
     for (index, raw) in list.iter().enumerate() {
         let message: Incoming<'_> = serde_json::from_str(raw.get()).ok()?;
-        let assistant = match message.role.as_str() {
-            "assistant" => true,
-            "user" => false,
-            _ => return None,
+        let made = match Speaker::of(&message.role)? {
+            Speaker::System => vec![neutral_system(message.content.get())?],
+            speaker => {
+                let assistant = speaker == Speaker::Assistant;
+                let made = neutral_messages(assistant, message.content.get())?;
+                made.into_iter().map(|(m, _)| m).collect()
+            }
         };
-        for (m, _) in neutral_messages(assistant, message.content.get())? {
+        for m in made {
             neutral.push(m);
             items.push(index..index + 1);
         }
@@ -114,6 +118,35 @@ pub fn neutral_first_user(message_raw: &str) -> Option<String> {
     }
     let neutral = neutral_messages(false, message.content.get())?;
     neutral.into_iter().map(|(m, _)| m).find(|m| m.starts_with(r#"{"role":"user""#))
+}
+
+/// Who a body message is from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaker {
+    User,
+    Assistant,
+    /// A `system` message inside `messages`: pinned, never merged with a neighbour.
+    System,
+}
+
+impl Speaker {
+    /// The speaker of `role`; `None` for a role the API does not have.
+    fn of(role: &str) -> Option<Self> {
+        match role {
+            "user" => Some(Self::User),
+            "assistant" => Some(Self::Assistant),
+            "system" => Some(Self::System),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Assistant => "assistant",
+            Self::System => "system",
+        }
+    }
 }
 
 /// A message of the body: its role and the raw JSON of its content.
@@ -300,10 +333,10 @@ enum Block<'a> {
     New(Value),
 }
 
-/// A rendered message: consecutive pieces of one role.
+/// A rendered message: consecutive pieces of one role (a `system` message alone).
 #[derive(Debug)]
 struct Group<'a> {
-    assistant: bool,
+    speaker: Speaker,
     /// Per piece, the body message and blocks it came from (`None`: written here).
     pieces: Vec<Option<(usize, Range<usize>)>>,
     blocks: Vec<Block<'a>>,
@@ -314,7 +347,7 @@ struct Group<'a> {
 /// A body message read again for rendering: its role, its content and the block range of
 /// each neutral message it made (as [`neutral_messages`] made them).
 struct Item<'a> {
-    assistant: bool,
+    speaker: Speaker,
     content: Vec<Block<'a>>,
     runs: Vec<Range<usize>>,
 }
@@ -322,11 +355,11 @@ struct Item<'a> {
 /// Reads body message `raw` again.
 fn item(raw: &str) -> Option<Item<'_>> {
     let message: Incoming<'_> = serde_json::from_str(raw).ok()?;
-    let assistant = message.role == "assistant";
+    let speaker = Speaker::of(&message.role)?;
     let content = message.content.get();
     if content.starts_with('"') {
         return Some(Item {
-            assistant,
+            speaker,
             content: vec![Block::Text(content)],
             runs: std::iter::once(0..1).collect(),
         });
@@ -338,9 +371,9 @@ fn item(raw: &str) -> Option<Item<'_>> {
         .collect::<Result<Vec<bool>, _>>()
         .ok()?;
     Some(Item {
-        assistant,
+        speaker,
         content: blocks.iter().map(|b| Block::Raw(b.get())).collect(),
-        runs: runs(assistant, &results),
+        runs: runs(speaker != Speaker::User, &results),
     })
 }
 
@@ -352,10 +385,11 @@ struct Typed<'a> {
 }
 
 /// The block range of each neutral message of a content of blocks (`results`: which are
-/// `tool_result` blocks): an assistant message is one; a user message makes one per
-/// `tool_result` and one per run of other blocks (one empty message when it has none).
-fn runs(assistant: bool, results: &[bool]) -> Vec<Range<usize>> {
-    if assistant {
+/// `tool_result` blocks): an assistant or system message is one (`whole`); a user
+/// message makes one per `tool_result` and one per run of other blocks (one empty message
+/// when it has none).
+fn runs(whole: bool, results: &[bool]) -> Vec<Range<usize>> {
+    if whole {
         return std::iter::once(0..results.len()).collect();
     }
     let mut out = Vec::new();
@@ -389,7 +423,7 @@ fn render_list(
     let text = std::str::from_utf8(original).ok()?;
     let mut groups: Vec<Group<'_>> = Vec::new();
     for (m, found) in compacted.messages().iter().zip(matches) {
-        let (assistant, piece, blocks, digest) = match found {
+        let (speaker, piece, blocks, digest) = match found {
             Some(i) => {
                 let Origin { items, .. } = origins.messages.get(*i)?;
                 if items.is_empty() {
@@ -405,10 +439,13 @@ fn render_list(
                 let run = read.runs.get(*i - first)?.clone();
                 let blocks: Vec<Block<'_>> =
                     read.content.into_iter().skip(run.start).take(run.len()).collect();
-                (read.assistant, Some((k, run)), blocks, false)
+                (read.speaker, Some((k, run)), blocks, false)
             }
             None => match written(m) {
-                Some((assistant, blocks, digest)) => (assistant, None, blocks, digest),
+                Some((assistant, blocks, digest)) => {
+                    let speaker = if assistant { Speaker::Assistant } else { Speaker::User };
+                    (speaker, None, blocks, digest)
+                }
                 None => continue,
             },
         };
@@ -416,10 +453,10 @@ fn render_list(
             continue;
         }
         let group = match groups.last_mut() {
-            Some(g) if g.assistant == assistant => g,
+            Some(g) if g.speaker == speaker && speaker != Speaker::System => g,
             _ => {
                 groups.push(Group {
-                    assistant,
+                    speaker,
                     pieces: Vec::new(),
                     blocks: Vec::new(),
                     digest: None,
@@ -433,12 +470,14 @@ fn render_list(
         group.pieces.push(piece);
         group.blocks.extend(blocks);
     }
-    if groups.first().is_none_or(|g| g.assistant) {
+    // The conversation starts with a user message (`system` ones aside).
+    let first = groups.iter().position(|g| g.speaker != Speaker::System);
+    if first.is_none_or(|f| groups[f].speaker == Speaker::Assistant) {
         let note = json!({"type": "text", "text": OMITTED_NOTE});
         groups.insert(
-            0,
+            first.unwrap_or(groups.len()),
             Group {
-                assistant: false,
+                speaker: Speaker::User,
                 pieces: vec![None],
                 blocks: vec![Block::New(note)],
                 digest: None,
@@ -519,9 +558,8 @@ fn content_blocks(content: Option<&Value>) -> Vec<Block<'static>> {
 /// A rendered message written here: `{"role":…,"content":[…]}` of its blocks.
 fn group_json(group: &Group<'_>) -> Option<Vec<u8>> {
     let mut out = Vec::new();
-    let role = if group.assistant { "assistant" } else { "user" };
     out.extend_from_slice(br#"{"role":""#);
-    out.extend_from_slice(role.as_bytes());
+    out.extend_from_slice(group.speaker.as_str().as_bytes());
     out.extend_from_slice(br#"","content":["#);
     for (i, block) in group.blocks.iter().enumerate() {
         if i > 0 {
@@ -740,7 +778,8 @@ mod tests {
         for body in [
             &b"not json"[..],
             br#"{"model":"m"}"#,
-            br#"{"messages":[{"role":"system","content":"x"}]}"#,
+            br#"{"messages":[{"role":"tool","content":"x"}]}"#,
+            br#"{"messages":[{"role":"system","content":7}]}"#,
             br#"{"messages":[{"role":"user","content":[1]}]}"#,
             br#"{"messages":[{"role":"user"}]}"#,
         ] {
@@ -926,5 +965,50 @@ mod tests {
         assert_eq!(system, request.messages()[0].raw());
         let user = neutral_first_user(&value["messages"][0].to_string()).unwrap();
         assert_eq!(user, request.messages()[1].raw());
+    }
+
+    #[test]
+    fn system_messages_inside_messages_are_pinned_in_place_and_forwarded_whole() {
+        // As Claude Code sends a model id it does not know: its environment as `system`
+        // messages between the turns.
+        let body = r#"{"model":"gateway-claude","max_tokens":10,"messages":[{"role":"system","content":"<env>cwd: /repo</env>"},{"role":"user","content":"Fix the bug."},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a.rs\nb.rs"}]},{"role":"system","content":[{"type":"text","text":"Reminder: be brief."}]},{"role":"user","content":"go on"},{"role":"assistant","content":"Done."},{"role":"user","content":"thanks"}]}"#;
+        let (request, origins) = parse(body.as_bytes()).unwrap();
+        let roles: Vec<Role> = request.messages().iter().map(|m| m.role()).collect();
+        use Role::*;
+        assert_eq!(roles, [System, User, Assistant, Tool, System, User, Assistant, User]);
+        // Unchanged: the body as received.
+        assert_eq!(render(body.as_bytes(), &origins, &request), body.as_bytes());
+        // The tool loop folded: both system messages stay whole, in their places.
+        let m = request.messages();
+        let compacted = vec![
+            m[0].clone(),
+            m[1].clone(),
+            digest("I listed the files."),
+            m[4].clone(),
+            m[5].clone(),
+            m[6].clone(),
+            m[7].clone(),
+        ];
+        let out = render(body.as_bytes(), &origins, &request.with_messages(compacted));
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.contains(r#"{"role":"system","content":"<env>cwd: /repo</env>"}"#), "{text}");
+        assert!(text.contains(
+            r#"{"role":"system","content":[{"type":"text","text":"Reminder: be brief."}]}"#
+        ));
+        let value: Value = serde_json::from_str(text).unwrap();
+        let roles: Vec<&str> = value["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "system", "user", "assistant", "user"]);
+        assert!(text.contains("I listed the files."));
+        // A tail that starts with the assistant gets the note after the system message.
+        let tail = vec![m[0].clone(), m[6].clone(), m[7].clone()];
+        let value = rendered(body, tail);
+        assert_eq!(value["messages"][0]["role"], "system");
+        assert_eq!(value["messages"][1]["content"][0]["text"], OMITTED_NOTE);
+        assert_eq!(value["messages"][2]["role"], "assistant");
     }
 }
