@@ -43,11 +43,9 @@ async fn claude_code() {
     through_foldgate(Agent::ClaudeCode).await;
 }
 
-/// Claude Code with a model id it does not know sends `system` messages inside `messages`;
-/// foldgate reads such a body as no conversation (`not_chat`) and never compacts it, so the
-/// run overflows the window.
+/// Claude Code with a model id it does not know sends `system` messages inside `messages`
+/// (foldgate read such bodies as no conversation until a7af6b2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "foldgate does not compact Messages bodies with system-role messages (not_chat)"]
 async fn claude_code_gateway_model() {
     through_foldgate(Agent::ClaudeCodeGatewayModel).await;
 }

@@ -30,8 +30,9 @@ pub enum Agent {
 }
 
 impl Agent {
-    pub const ALL: [Agent; 5] = [
+    pub const ALL: [Agent; 6] = [
         Agent::ClaudeCode,
+        Agent::ClaudeCodeGatewayModel,
         Agent::CodexDefault,
         Agent::CodexHttp,
         Agent::OpenCode,
@@ -64,7 +65,9 @@ impl Agent {
     /// thirty 6 KB step outputs do not.
     pub fn window(self) -> usize {
         match self {
-            Agent::ClaudeCode | Agent::ClaudeCodeGatewayModel => 64_000,
+            Agent::ClaudeCode => 64_000,
+            // Its prompt is smaller for a model it does not know.
+            Agent::ClaudeCodeGatewayModel => 48_000,
             Agent::CodexDefault | Agent::CodexHttp | Agent::OpenCode => 32_000,
             Agent::MiniSweAgent => 16_000,
         }
