@@ -236,7 +236,11 @@ fn key<'a>(
             let Fingerprint { model, system, user, scope } = fingerprint();
             let mut content = Xxh3::new();
             content.update(model.as_bytes());
-            for first in [system, user] {
+            // Cache breakpoints move from request to request (Claude Code marks the newest
+            // message): they are not part of what the conversation said.
+            let system = system.map(without_cache_control);
+            let user = user.map(without_cache_control);
+            for first in [system.as_deref(), user.as_deref()] {
                 content.update(b"\0");
                 content.update(&(first.map_or(0, <[u8]>::len) as u64).to_le_bytes());
                 if let Some(raw) = first {
@@ -254,6 +258,31 @@ fn key<'a>(
         }
     }
     SessionKey::from_digest(hex(&hash.finalize()[..16]))
+}
+
+/// A message's JSON text without its `cache_control` fields, wherever they are; the text
+/// itself when it names none (or is not JSON).
+fn without_cache_control(raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    fn strip(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                fields.shift_remove("cache_control");
+                fields.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    if memchr::memmem::find(raw, b"\"cache_control\"").is_none() {
+        return std::borrow::Cow::Borrowed(raw);
+    }
+    match serde_json::from_slice::<serde_json::Value>(raw) {
+        Ok(mut value) => {
+            strip(&mut value);
+            serde_json::to_vec(&value).map_or(std::borrow::Cow::Borrowed(raw), Into::into)
+        }
+        Err(_) => std::borrow::Cow::Borrowed(raw),
+    }
 }
 
 /// `bytes` in lowercase hexadecimal.
@@ -482,5 +511,33 @@ mod tests {
         // Anything else is taken whole.
         assert_ne!(with_user_id("alice"), with_user_id("bob"));
         assert_eq!(with_user_id("{not json"), with_user_id("{not json"));
+    }
+
+    #[test]
+    fn a_moving_cache_breakpoint_does_not_change_the_conversation() {
+        // Claude Code's first request marks its first user message; later ones mark the
+        // newest message instead.
+        let h = headers(&[("authorization", "Bearer sk-a")]);
+        let body = |marked: bool| {
+            let mut block = serde_json::json!({"type": "text", "text": "Fix the bug."});
+            if marked {
+                block["cache_control"] = serde_json::json!({"type": "ephemeral"});
+            }
+            let body = serde_json::json!({"model": "m", "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [block]}]});
+            body.to_string()
+        };
+        let key = |body: &str| {
+            let parsed = ChatRequest::parse(body.as_bytes()).unwrap();
+            let outline = Outline::scan(body.as_bytes()).unwrap();
+            let key = session_key(&h, &x_session_id(), &parsed);
+            assert_eq!(key, session_key_of_outline(&h, &x_session_id(), &outline));
+            key
+        };
+        assert_eq!(key(&body(true)), key(&body(false)));
+        // Text that only mentions the field is kept as it is.
+        let other = body(false).replace("Fix the bug.", "Fix the \\\"cache_control\\\" bug.");
+        assert_ne!(key(&other), key(&body(false)));
     }
 }

@@ -136,6 +136,10 @@ impl Outcome {
                 "{what}: {refused} upgrades refused, HTTP {after:.2} s after"
             );
         }
+        // One agent's requests are one conversation, with no setting for the agent.
+        if matches!(self.via, Via::Foldgate(_)) {
+            assert_eq!(self.sessions, Some(1.0), "{what}: conversations foldgate held");
+        }
         // A good share: the task outgrows the window about a third of the way in.
         assert!(
             self.compacted() * 3.0 >= self.forwarded() && self.compacted_seen * 3 >= self.requests,
