@@ -11,7 +11,7 @@
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use foldgate::compaction::tokens::{Encoding, message_tokens};
-use foldgate::compaction::{Budget, Engine, Options, Outcome, SessionState, TokenCache};
+use foldgate::compaction::{Budget, Engine, Forward, Options, SessionState, TokenCache};
 use foldgate::config::CompactionConfig;
 use foldgate::model::{ChatRequest, Message};
 use foldgate::summarizer::ExtractiveSummarizer;
@@ -92,7 +92,7 @@ struct Planner<'a> {
 
 impl Planner<'_> {
     /// Compacts `req` in the session `st`.
-    fn compact(&self, req: &ChatRequest, st: &mut SessionState) -> Outcome {
+    fn compact(&self, req: &ChatRequest, st: &mut SessionState) -> Forward {
         self.rt
             .block_on(self.engine.compact_request(req, st, &ExtractiveSummarizer, self.opts))
             .unwrap()

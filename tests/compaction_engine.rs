@@ -6,7 +6,7 @@ mod common;
 
 use async_trait::async_trait;
 use common::sessions;
-use foldgate::compaction::{Engine, Options, Outcome, SessionState};
+use foldgate::compaction::{Engine, Forward, Options, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::model::{ChatRequest, DIGEST_MARKER, Role};
 use foldgate::summarizer::{ExtractiveSummarizer, Summarizer, SummarizerError, SummaryInput};
@@ -42,7 +42,7 @@ fn run(
     state: &mut SessionState,
     s: &dyn Summarizer,
     opts: &Options,
-) -> Outcome {
+) -> Forward {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()
@@ -50,10 +50,10 @@ fn run(
         .unwrap()
 }
 
-fn compacted(o: &Outcome) -> ChatRequest {
+fn compacted(o: &Forward) -> ChatRequest {
     match o {
-        Outcome::Compacted { body, .. } => ChatRequest::parse(body).unwrap(),
-        Outcome::Unchanged { report } => panic!("unchanged: {report:?}"),
+        Forward::Compacted { body, .. } => ChatRequest::parse(body).unwrap(),
+        Forward::Unchanged { report } => panic!("unchanged: {report:?}"),
     }
 }
 
@@ -198,7 +198,7 @@ fn force_compacts_below_the_trigger() {
     let b = body(&msgs);
     let plain =
         run(&engine, &b, &mut SessionState::default(), &ExtractiveSummarizer, &Options::default());
-    assert!(matches!(plain, Outcome::Unchanged { .. }));
+    assert!(matches!(plain, Forward::Unchanged { .. }));
     let opts = Options { force: true, target_ratio: Some(0.01), ..Options::default() };
     let forced = run(&engine, &b, &mut SessionState::default(), &ExtractiveSummarizer, &opts);
     assert!(forced.report().forced);
@@ -248,7 +248,7 @@ async fn a_request_clearly_below_the_trigger_is_one_the_engine_leaves_unchanged(
                 .await
                 .unwrap();
             assert!(
-                matches!(outcome, Outcome::Unchanged { .. }),
+                matches!(outcome, Forward::Unchanged { .. }),
                 "compacted although clearly below"
             );
             let exact = engine.count_prompt(&parsed, &report.budget, &mut state.token_cache);
@@ -319,10 +319,10 @@ fn a_goal_batch_is_reused_byte_for_byte() {
         let out = run(&engine, &body(&msgs[..end]), &mut state, &ExtractiveSummarizer, &opts);
         let report = out.report().clone();
         let forwarded: Vec<String> = match &out {
-            Outcome::Compacted { .. } => {
+            Forward::Compacted { .. } => {
                 compacted(&out).messages().iter().map(|m| m.raw().to_owned()).collect()
             }
-            Outcome::Unchanged { .. } => continue,
+            Forward::Unchanged { .. } => continue,
         };
         if report.goal_batches > 0 {
             batches += 1;
@@ -365,7 +365,7 @@ fn a_text_mode_session_rarely_falls_back_to_tier_4() {
     let mut compacted = 0;
     for end in (2..msgs.len()).filter(|&i| msgs[i]["role"] == "assistant") {
         let out = run(&engine, &body(&msgs[..end]), &mut state, &ExtractiveSummarizer, &opts);
-        if matches!(out, Outcome::Compacted { .. }) {
+        if matches!(out, Forward::Compacted { .. }) {
             compacted += 1;
             *tiers.entry(out.report().tier.number()).or_default() += 1;
         }
@@ -403,10 +403,10 @@ fn tier_4_cuts_keep_the_prefix_stable_between_drops() {
         let out = run(&engine, &body, &mut state, &ExtractiveSummarizer, &opts);
         let report = out.report().clone();
         let forwarded: Vec<String> = match &out {
-            Outcome::Compacted { request, .. } => {
+            Forward::Compacted { request, .. } => {
                 request.messages().iter().map(|m| m.raw().to_owned()).collect()
             }
-            Outcome::Unchanged { .. } => ChatRequest::parse(&body)
+            Forward::Unchanged { .. } => ChatRequest::parse(&body)
                 .unwrap()
                 .messages()
                 .iter()
@@ -452,6 +452,6 @@ fn a_current_turn_the_fallback_cannot_cut_is_not_reported_as_tier_4() {
         report.tokens_before > budget.trigger && report.tokens_before <= budget.budget,
         "between the trigger and the budget: {report:?}"
     );
-    assert!(matches!(out, Outcome::Unchanged { .. }), "{report:?}");
+    assert!(matches!(out, Forward::Unchanged { .. }), "{report:?}");
     assert_eq!((report.tier.number(), report.dropped, report.elided), (0, 0, 0), "{report:?}");
 }

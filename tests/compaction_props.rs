@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use foldgate::compaction::check::verify;
-use foldgate::compaction::{Engine, Options, Outcome, SessionState};
+use foldgate::compaction::{Engine, Forward, Options, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::model::{ChatRequest, DIGEST_MARKER, Message};
 use foldgate::summarizer::ExtractiveSummarizer;
@@ -195,15 +195,15 @@ fn cuts(msgs: &[Value]) -> Vec<usize> {
     c
 }
 
-fn run(engine: &Engine, req: &ChatRequest, state: &mut SessionState, opts: &Options) -> Outcome {
+fn run(engine: &Engine, req: &ChatRequest, state: &mut SessionState, opts: &Options) -> Forward {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(engine.compact_request(req, state, &ExtractiveSummarizer, opts)).unwrap()
 }
 
-fn forwarded(out: &Outcome, original: &ChatRequest) -> ChatRequest {
+fn forwarded(out: &Forward, original: &ChatRequest) -> ChatRequest {
     match out {
-        Outcome::Unchanged { .. } => original.clone(),
-        Outcome::Compacted { request, body, .. } => {
+        Forward::Unchanged { .. } => original.clone(),
+        Forward::Compacted { request, body, .. } => {
             assert_eq!(&request.to_vec(), body);
             ChatRequest::parse(body).unwrap()
         }
@@ -243,9 +243,9 @@ proptest! {
             // (6) below the trigger, without stored blocks, nothing changes.
             let exact = engine.count_prompt(&req, &report.budget, &mut state.token_cache);
             if exact <= report.budget.trigger && !had_blocks {
-                prop_assert!(matches!(out, Outcome::Unchanged { .. }), "request {upto} changed below the trigger");
+                prop_assert!(matches!(out, Forward::Unchanged { .. }), "request {upto} changed below the trigger");
             }
-            if let Outcome::Compacted { body, .. } = &out {
+            if let Forward::Compacted { body, .. } = &out {
                 // Unknown fields survive: request level, message level, parts, calls.
                 let v: Value = serde_json::from_slice(body).unwrap();
                 prop_assert_eq!(&v["temperature"], &json!(0.2));
@@ -270,9 +270,9 @@ proptest! {
         let mut a = warm.clone();
         let mut b = warm.clone();
         b.token_cache = Default::default();
-        let body = |o: &Outcome| match o {
-            Outcome::Unchanged { .. } => None,
-            Outcome::Compacted { body, .. } => Some(body.clone()),
+        let body = |o: &Forward| match o {
+            Forward::Unchanged { .. } => None,
+            Forward::Compacted { body, .. } => Some(body.clone()),
         };
         let oa = run(&engine, &req, &mut a, &opts);
         let ob = run(&engine, &req, &mut b, &opts);
@@ -326,7 +326,7 @@ fn below_trigger_returns_unchanged() {
     );
     let req = request(&msgs, msgs.len());
     let out = run(&Engine::new(cfg()), &req, &mut SessionState::default(), &Options::default());
-    assert!(matches!(out, Outcome::Unchanged { .. }));
+    assert!(matches!(out, Forward::Unchanged { .. }));
 }
 
 /// Settings a deployment may choose, generated.
@@ -505,8 +505,8 @@ fn through<D: foldgate::http::dialect::Dialect>(
     let (request, origins) = dialect.parse(&bytes).expect("the dialect reads the generated body");
     let opts = Options { window_cap: Some(window), ..Options::default() };
     match run(engine, &request, state, &opts) {
-        Outcome::Unchanged { .. } => body.clone(),
-        Outcome::Compacted { request, body: neutral, .. } => {
+        Forward::Unchanged { .. } => body.clone(),
+        Forward::Compacted { request, body: neutral, .. } => {
             let rewritten = foldgate::conversation::Rewritten {
                 body: neutral.into(),
                 request: Arc::new(request),

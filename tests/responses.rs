@@ -20,7 +20,7 @@ use bytes::Bytes;
 use common::responses_api::*;
 use common::*;
 use foldgate::api::responses::{parse, render};
-use foldgate::compaction::{Engine, Options, Outcome, SessionState};
+use foldgate::compaction::{Engine, Forward, Options, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::model::DIGEST_MARKER;
 use foldgate::summarizer::ExtractiveSummarizer;
@@ -138,7 +138,7 @@ async fn the_engine_compacts_a_long_session_and_rendering_keeps_items_whole() {
         .compact_request(&request, &mut state, &ExtractiveSummarizer, &Options::default())
         .await
         .unwrap();
-    let Outcome::Compacted { request: compacted, report, .. } = outcome else {
+    let Forward::Compacted { request: compacted, report, .. } = outcome else {
         panic!("a 40-round session is over a 12k window");
     };
     assert!(report.tokens_after <= report.budget.budget, "{report:?}");

@@ -17,7 +17,7 @@ use foldgate::api::compaction_item::{Sealer, open_items, take_context_management
 use foldgate::api::event_stream::{Flow, Rewriting};
 use foldgate::api::responses_output::OutputItemInjector;
 use foldgate::compaction::check::verify;
-use foldgate::compaction::{Engine, Options, Outcome, SessionState};
+use foldgate::compaction::{Engine, Forward, Options, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::conversation::Rewritten;
 use foldgate::http::content_coding::{self, Coding};
@@ -26,7 +26,7 @@ use foldgate::http::dialect::{ChatCompletions, Dialect, Messages, Responses};
 use foldgate::http::served_by::rejects_field;
 use foldgate::http::session_key::SessionHeaders;
 use foldgate::http::sse::Events;
-use foldgate::http::usage_tap::{Usage, tapped_with};
+use foldgate::http::usage_tap::{Usage, tapped};
 use foldgate::metrics::Metrics;
 use foldgate::model::{ChatRequest, Role};
 use foldgate::outline::{Outline, array_elements};
@@ -202,7 +202,7 @@ fn tap(content_type: &str, body: &[u8], sizes: &[usize]) -> Option<Option<Usage>
     let on_usage = Box::new(move |usage| *sink.lock().unwrap() = Some(usage));
     let metrics = Arc::new(Metrics::new().unwrap());
     let passed = runtime().block_on(async {
-        let tapped = tapped_with(response, &metrics, Some("gpt-4o"), None, Some(on_usage));
+        let tapped = tapped(response, &metrics, Some("gpt-4o"), None, Some(on_usage));
         let bytes = tapped.into_body().collect().await.unwrap().to_bytes();
         // The tap hands usage on from a task of its own, after the body ended.
         for _ in 0..4 {
@@ -372,8 +372,8 @@ fn run_on_state(mut state: SessionState) {
     ));
     let Ok(out) = out else { return };
     let (forwarded, report) = match &out {
-        Outcome::Unchanged { report } => (request.clone(), report),
-        Outcome::Compacted { request: forwarded, report, .. } => (forwarded.clone(), report),
+        Forward::Unchanged { report } => (request.clone(), report),
+        Forward::Compacted { request: forwarded, report, .. } => (forwarded.clone(), report),
     };
     let violations =
         verify(request, &forwarded, engine.config(), &report.budget, &mut state.token_cache);

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::api::{self, Api, Origins};
 use crate::cli::CompactArgs;
 use crate::compaction::CompactionError;
-use crate::compaction::{Engine, Options, Outcome, Report, SessionState};
+use crate::compaction::{Engine, Forward, Options, Report, SessionState};
 use crate::model::ChatRequest;
 use crate::summarizer::ExtractiveSummarizer;
 
@@ -62,8 +62,8 @@ pub fn run(args: &CompactArgs) -> ExitCode {
         },
     };
     let (out, report) = match &compacted {
-        Ok(Outcome::Unchanged { report }) => (&body[..], report),
-        Ok(Outcome::Compacted { body, report, .. }) => (body.as_slice(), report),
+        Ok(Forward::Unchanged { report }) => (&body[..], report),
+        Ok(Forward::Compacted { body, report, .. }) => (body.as_slice(), report),
         Err(e) => {
             // Never worse than no proxy: the original is what would be forwarded.
             eprintln!("foldgate compact: forwarded unchanged: {e}");
@@ -106,7 +106,7 @@ impl Shape {
         state: &mut SessionState,
         opts: &Options,
         body: &Bytes,
-    ) -> Result<Result<Outcome, CompactionError>, ExitCode> {
+    ) -> Result<Result<Forward, CompactionError>, ExitCode> {
         let unchanged = |why: &str, code: ExitCode| {
             eprintln!("foldgate compact: forwarded unchanged: {why}");
             let _ = std::io::stdout().write_all(body);
@@ -123,11 +123,11 @@ impl Shape {
         }
         let run = engine.compact_request(&request, state, &ExtractiveSummarizer, opts);
         Ok(rt.block_on(run).map(|outcome| match outcome {
-            Outcome::Compacted { request, report, .. } => {
+            Forward::Compacted { request, report, .. } => {
                 let body = (self.render)(body, &origins, &request).to_vec();
-                Outcome::Compacted { body, request, report }
+                Forward::Compacted { body, request, report }
             }
-            unchanged @ Outcome::Unchanged { .. } => unchanged,
+            unchanged @ Forward::Unchanged { .. } => unchanged,
         }))
     }
 }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use super::CompactionError;
 use super::blocks::{FoldBlock, SessionState, applies, retain_matching};
 use super::budget::{Budget, Options};
+use super::forward::Forward;
 use super::keep::Keep;
+use super::pass::{Pass, Sources, Stored};
 use super::report::Report;
-use super::request::{Pass, Sources, Stored};
 use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::trail::{Kind as TrailKind, State as TrailState, Trail};
@@ -16,34 +17,6 @@ use crate::config::CompactionConfig;
 use crate::model::{ChatRequest, Message, Role};
 use crate::outline::Outline;
 use crate::summarizer::Summarizer;
-
-/// What to forward.
-#[derive(Debug, Clone)]
-pub enum Outcome {
-    /// Forward the original bytes untouched.
-    Unchanged {
-        /// What was measured.
-        report: Report,
-    },
-    /// Forward `body` instead.
-    Compacted {
-        /// The serialized request to forward.
-        body: Vec<u8>,
-        /// The same request, structured.
-        request: ChatRequest,
-        /// What was done.
-        report: Report,
-    },
-}
-
-impl Outcome {
-    /// The report.
-    pub fn report(&self) -> &Report {
-        match self {
-            Self::Unchanged { report } | Self::Compacted { report, .. } => report,
-        }
-    }
-}
 
 /// Why a fold is summarized outside the request path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +66,7 @@ impl Engine {
         state: &mut SessionState,
         summarizer: &dyn Summarizer,
         opts: &Options,
-    ) -> Result<Outcome, CompactionError> {
+    ) -> Result<Forward, CompactionError> {
         let request = ChatRequest::parse(body)?;
         self.compact_request(&request, state, summarizer, opts).await
     }
@@ -166,7 +139,7 @@ impl Engine {
 
     /// Compacts one request of a conversation whose earlier state is `state` (fold blocks
     /// and token cache, updated in place). Below the trigger, without stored blocks and
-    /// without `force`, returns [`Outcome::Unchanged`]. Otherwise applies the stored
+    /// without `force`, returns [`Forward::Unchanged`]. Otherwise applies the stored
     /// blocks that still match, then the tiers (1 elide, 2 fold, 4 fallback), each only
     /// while the prompt is over target.
     pub async fn compact_request(
@@ -175,12 +148,12 @@ impl Engine {
         state: &mut SessionState,
         summarizer: &dyn Summarizer,
         opts: &Options,
-    ) -> Result<Outcome, CompactionError> {
+    ) -> Result<Forward, CompactionError> {
         let cfg = &self.cfg;
         let opts = &*opts.for_conversation(state.token_ratio);
         let budget = Budget::of(request, cfg, opts);
         if let Some(report) = self.below_trigger_unparsed(request, state, &budget, opts) {
-            return Ok(Outcome::Unchanged { report });
+            return Ok(Forward::Unchanged { report });
         }
         let msgs = request.messages();
         // Content foldgate cannot read is kept whole: the request goes as it was sent.

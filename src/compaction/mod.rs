@@ -3,7 +3,7 @@
 //!
 //! Entry point: [`Engine::compact`] (or [`Engine::compact_request`] for a parsed
 //! request) with the conversation's [`SessionState`], a [`Summarizer`] and [`Options`];
-//! it returns an [`Outcome`] with a [`Report`]. [`check::verify`] checks the guarantees
+//! it returns a [`Forward`] with a [`Report`]. [`check::verify`] checks the guarantees
 //! of a forwarded request against its original. See `docs/COMPACTION.md`.
 //!
 //! [`Summarizer`]: crate::summarizer::Summarizer
@@ -14,10 +14,11 @@ pub mod changes;
 pub mod check;
 pub mod engine;
 pub mod fold;
+mod forward;
 pub mod keep;
+mod pass;
 pub mod plan;
 pub mod report;
-mod request;
 pub mod tokens;
 pub mod trail;
 pub mod units;
@@ -26,7 +27,8 @@ pub mod whole;
 pub use blocks::{FoldBlock, SessionState};
 pub use budget::{Budget, Options, TokenRatio};
 pub use changes::{Change, ChangeKind};
-pub use engine::{Engine, Outcome};
+pub use engine::Engine;
+pub use forward::Forward;
 pub use report::{Report, Tier};
 pub use tokens::TokenCache;
 pub use whole::{FoldWhen, WholeFold};

@@ -13,7 +13,7 @@ use futures_util::FutureExt;
 use super::gate::Gate;
 use super::lease::Leased;
 use super::{Decision, Inner, Rewritten};
-use crate::compaction::{Options, Outcome as EngineOutcome, SessionState};
+use crate::compaction::{Forward, Options, SessionState};
 use crate::config::CompactionMode;
 use crate::model::ChatRequest;
 use crate::session::{Saved, SessionKey, StoreError};
@@ -78,8 +78,8 @@ impl Inner {
         }
         release(leased).await;
         let (outcome, rewritten, report) = match outcome {
-            EngineOutcome::Unchanged { report } => (Outcome::Passthrough, None, report),
-            EngineOutcome::Compacted { body, request, report } => match self.mode {
+            Forward::Unchanged { report } => (Outcome::Passthrough, None, report),
+            Forward::Compacted { body, request, report } => match self.mode {
                 CompactionMode::Enforce => {
                     let rewritten =
                         Rewritten { body: Bytes::from(body), request: Arc::new(request) };
@@ -122,8 +122,8 @@ impl Inner {
 }
 
 /// The ranges of the fold blocks `outcome`'s request made: the last ones of `state`.
-fn made_blocks(state: &SessionState, outcome: &EngineOutcome) -> Vec<(usize, usize)> {
-    let (EngineOutcome::Unchanged { report } | EngineOutcome::Compacted { report, .. }) = outcome;
+fn made_blocks(state: &SessionState, outcome: &Forward) -> Vec<(usize, usize)> {
+    let (Forward::Unchanged { report } | Forward::Compacted { report, .. }) = outcome;
     let made = &state.blocks[state.blocks.len().saturating_sub(report.blocks_new)..];
     made.iter().map(|b| (b.start, b.end)).collect()
 }

@@ -23,7 +23,7 @@ use super::provider::served::{self, Addition};
 use super::request_body::{self, ReceivedBody};
 use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
-use super::usage_tap::{tapped_with as tapped, team_of};
+use super::usage_tap::{tapped, team_of};
 use crate::api::anthropic_edits;
 use crate::config::ServedBy;
 use crate::metrics::Metrics;

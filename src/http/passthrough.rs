@@ -37,7 +37,7 @@ pub async fn forward(
     let result = upstream.send(outgoing).await;
     metrics.observe_upstream_ttfb(Route::Passthrough, sent.elapsed().as_secs_f64());
     match result {
-        Ok(response) => Ok(tapped(client_response(response), metrics, None, team)),
+        Ok(response) => Ok(tapped(client_response(response), metrics, None, team, None)),
         Err(_) if progress.exceeded() => Err(ProxyError::BodyTooLarge { limit: max_body }),
         Err(e) => Err(e),
     }

@@ -446,18 +446,9 @@ impl BodyObserver for UsageTap {
     }
 }
 
-/// Wraps a response's body in a [`UsageTap`].
+/// Wraps a response's body in a [`UsageTap`], handing the usage found (if any) to
+/// `on_usage` when the body ends.
 pub fn tapped(
-    response: http::Response<ProxyBody>,
-    metrics: &Arc<Metrics>,
-    model: Option<&'static str>,
-    team: Option<Arc<str>>,
-) -> http::Response<ProxyBody> {
-    tapped_with(response, metrics, model, team, None)
-}
-
-/// [`tapped`], also handing the usage found (if any) to `on_usage` when the body ends.
-pub fn tapped_with(
     response: http::Response<ProxyBody>,
     metrics: &Arc<Metrics>,
     model: Option<&'static str>,

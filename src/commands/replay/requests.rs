@@ -13,7 +13,7 @@ use crate::commands::cost::{Meter, Prompt};
 use crate::commands::trail_check;
 use crate::compaction::check::verify;
 use crate::compaction::tokens::{Counter, Encoding};
-use crate::compaction::{Budget, Engine, Options, Outcome, SessionState, TokenCache};
+use crate::compaction::{Budget, Engine, Forward, Options, SessionState, TokenCache};
 use crate::model::{ChatRequest, Message, Role, is_user_words};
 use crate::summarizer::{ModelPrompt, Summarizer, SummarizerError, SummaryInput};
 
@@ -117,7 +117,7 @@ impl<'e> Replay<'e> {
         &mut self,
         i: usize,
         request: &ChatRequest,
-        outcome: &Outcome,
+        outcome: &Forward,
         metered: &Metered<'_>,
     ) {
         let report = outcome.report();
@@ -134,7 +134,7 @@ impl<'e> Replay<'e> {
         self.price(&calls, request, forwarded, encoding);
         self.count(outcome, before, after);
         self.check(i, request, forwarded, &budget);
-        if let Outcome::Compacted { request: fwd, .. } = outcome {
+        if let Forward::Compacted { request: fwd, .. } = outcome {
             self.check_trail(i, request, fwd);
         }
         self.check_user_words(i, request, forwarded, encoding);
@@ -145,17 +145,17 @@ impl<'e> Replay<'e> {
     fn forwarded<'r>(
         &mut self,
         request: &'r ChatRequest,
-        outcome: &'r Outcome,
+        outcome: &'r Forward,
         before: usize,
     ) -> (&'r ChatRequest, usize) {
         match outcome {
-            Outcome::Unchanged { .. } => {
+            Forward::Unchanged { .. } => {
                 let body = request.to_vec();
                 self.bodies.update((body.len() as u64).to_le_bytes());
                 self.bodies.update(body);
                 (request, before)
             }
-            Outcome::Compacted { request: fwd, report, body } => {
+            Forward::Compacted { request: fwd, report, body } => {
                 self.bodies.update((body.len() as u64).to_le_bytes());
                 self.bodies.update(body);
                 (fwd, report.tokens_after)
@@ -192,11 +192,11 @@ impl<'e> Replay<'e> {
 
     /// Counts one request: compacted or not, its prompt tokens `before` and `after`,
     /// the folds it made and its tier.
-    fn count(&mut self, outcome: &Outcome, before: usize, after: usize) {
+    fn count(&mut self, outcome: &Forward, before: usize, after: usize) {
         let report = outcome.report();
         let stats = &mut self.stats;
         stats.requests += 1;
-        stats.compacted += usize::from(matches!(outcome, Outcome::Compacted { .. }));
+        stats.compacted += usize::from(matches!(outcome, Forward::Compacted { .. }));
         stats.peak_before = stats.peak_before.max(before);
         stats.peak_after = stats.peak_after.max(after);
         stats.tokens_before += before as u64;

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::digest::names_file;
+use super::words::{is_path_word, names_file};
 use super::{MAX_COMMAND_LINES, MAX_RESULT_LINES, MAX_SUBJECT, clip};
 
 /// What an action did to a file.
@@ -741,30 +741,6 @@ fn other_command(
         }
     }
     (false, false)
-}
-
-/// True for a shell word that names a file or directory: a path with a `/`, or a file
-/// name with an extension; no option, URL, glob, expansion or assignment.
-pub(super) fn is_path_word(w: &str) -> bool {
-    if w.len() < 2
-        || w.len() > MAX_SUBJECT
-        || w.starts_with('-')
-        || w.contains("://")
-        || w == "/dev/null"
-        || !w.chars().any(|c| c.is_ascii_alphabetic())
-        || w.chars().any(|c| c.is_whitespace() || "*?[]{}$`=<>|;&(),\"'".contains(c))
-    {
-        return false;
-    }
-    if w.contains('/') {
-        return true;
-    }
-    w.rsplit_once('.').is_some_and(|(stem, ext)| {
-        !stem.is_empty()
-            && (1..=8).contains(&ext.len())
-            && ext.chars().all(|c| c.is_ascii_alphanumeric())
-            && ext.chars().any(|c| c.is_ascii_alphabetic())
-    })
 }
 
 /// Every string inside a JSON value, appended to `out` one per line.

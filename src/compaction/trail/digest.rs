@@ -2,28 +2,10 @@
 //! against the trail and completed from it.
 
 use super::Trail;
-use super::actions::is_path_word;
+use super::words::names_file;
 
 /// The heading of the digest section the trail is written under.
 pub const KEY_ARTIFACTS: &str = crate::vocab::Section::KeyArtifacts.heading();
-
-/// File extensions that make a word of a digest line a file path.
-pub(super) const FILE_EXTS: &[&str] = &[
-    "py", "rs", "js", "ts", "tsx", "jsx", "go", "java", "c", "h", "cc", "cpp", "hpp", "rb", "php",
-    "cs", "kt", "swift", "json", "toml", "yaml", "yml", "md", "txt", "cfg", "ini", "sh", "html",
-    "css", "sql", "lock", "xml", "rst", "ipynb", "csv", "log", "patch", "diff",
-];
-
-/// True for a word of prose that names a file: a path with a `/`, or a name with a file
-/// extension.
-pub(super) fn names_file(w: &str) -> bool {
-    if !is_path_word(w) {
-        return false;
-    }
-    w.contains('/')
-        || w.rsplit_once('.')
-            .is_some_and(|(_, ext)| FILE_EXTS.contains(&ext.to_ascii_lowercase().as_str()))
-}
 
 /// The words of a digest line, without the punctuation around them.
 fn words(line: &str) -> impl Iterator<Item = &str> {

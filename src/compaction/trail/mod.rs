@@ -21,14 +21,15 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod action_result;
 mod actions;
 mod digest;
-mod outcome;
+mod words;
 
 pub use digest::{KEY_ARTIFACTS, complete, recall};
 
+use action_result::ActionResult;
 use actions::{Action, FileOp, call_actions, command_block, file_words, strings_of, text_actions};
-use outcome::Outcome;
 
 use crate::model::{Message, Role, call_parts, is_observation};
 
@@ -248,7 +249,7 @@ impl Trail {
     ) {
         let seq = self.actions;
         self.actions = self.actions.saturating_add(1);
-        let outcome = result.map(Outcome::of);
+        let outcome = result.map(ActionResult::of);
         match action {
             Action::OpenFile(path) => self.open_file = Some(path),
             Action::File { path, op } => {
