@@ -233,15 +233,35 @@ async fn foldgate_serves_compact_without_asking_when_configured() {
     let mock = MockUpstream::start(native_provider()).await;
     let mut config = compaction_config(&mock.url());
     config.responses.compact = ServedBy::Foldgate;
+    config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
     let proxy = Proxy::start(config).await;
     let items = Value::Array(session_items(6));
     let body = json!({"model": "gpt-4.1", "input": items, "instructions": "Be careful."});
-    let (status, _, answer) =
+    let (status, headers, answer) =
         send(post(&proxy.url("/v1/responses/compact"), body.to_string())).await;
     assert_eq!(status, 200);
     let answer = json(&answer);
     assert_eq!(answer["object"], "response.compaction");
     assert!(mock.recorded().is_empty(), "the upstream is never asked");
+    // Recorded like any request: its outcome said, counted, and in the inspector.
+    assert_eq!(headers["x-foldgate-outcome"], "compacted");
+    assert_eq!(headers["x-foldgate-tier"], "2");
+    let before: usize = headers["x-foldgate-tokens-before"].to_str().unwrap().parse().unwrap();
+    assert_eq!(answer["usage"]["input_tokens"], before);
+    let (_, _, metrics) =
+        send(http::Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await;
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    let counted = r#"foldgate_chat_requests_total{outcome="compacted",route="responses"} 1"#;
+    assert!(metrics.contains(counted), "{metrics}");
+    let key = headers["x-foldgate-session"].to_str().unwrap();
+    let detail = format!("http://{}/sessions/{key}", proxy.admin_addr.unwrap());
+    let (status, _, detail) = send(http::Request::get(detail).body(full("")).unwrap()).await;
+    assert_eq!(status, 200);
+    let detail = json(&detail);
+    let recent = detail["recent"].as_array().unwrap();
+    assert_eq!(recent.len(), 1, "{detail}");
+    assert_eq!(recent[0]["outcome"], "compacted", "{detail}");
+    assert_eq!(recent[0]["api"], "responses_compact", "{detail}");
     // previous_response_id cannot be resolved here: a clear 400.
     let body = json!({"model": "gpt-4.1", "previous_response_id": "resp_1", "input": []});
     let (status, _, answer) =

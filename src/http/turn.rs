@@ -166,6 +166,42 @@ impl Turns {
         })
     }
 
+    /// A turn for a request foldgate answers itself from the whole conversation (a
+    /// provider compaction API it serves, such as `POST /v1/responses/compact`): parsed
+    /// and keyed, nothing compacted; it is recorded as forwarded unchanged until
+    /// [`Turn::folded`] says otherwise. `None` when the dialect does not understand it.
+    pub fn begin_whole<'a, D: Dialect>(
+        &'a self,
+        dialect: &'a D,
+        upstream: &str,
+        headers: &'a HeaderMap,
+        original: &'a Bytes,
+        metrics: &'a Arc<Metrics>,
+    ) -> Option<Turn<'a, D>> {
+        let (request, origins) = parse(dialect, original)?;
+        let model_name = request.model().unwrap_or_default();
+        let key = dialect.session_key(headers, &self.session_header, &request);
+        Some(Turn {
+            turns: self,
+            dialect,
+            metrics,
+            headers,
+            original,
+            parsed: Some((request, origins)),
+            key,
+            model: model_label(&model_name),
+            model_key: model_key(upstream, &model_name),
+            learned: None,
+            model_name,
+            decision: Decision::passthrough(),
+            overflow: None,
+            learned_window: false,
+            provider_api: None,
+            answer: None,
+            notes: Vec::new(),
+        })
+    }
+
     /// Provider tokens per engine token for a conversation of `model` without a ratio of
     /// its own, for a dialect whose provider counts with an encoder the engine lacks.
     fn token_ratio<D: Dialect>(&self, dialect: &D, model: &str) -> Option<f64> {
@@ -325,8 +361,7 @@ impl<D: Dialect> Turn<'_, D> {
         let conversations = &self.turns.conversations;
         match conversations.fold_whole(request, &caller, &options, when).await {
             Ok(Some(fold)) => {
-                self.decision = Decision::folded_whole(request, &fold);
-                log_decision(&self.decision, false);
+                self.folded(&fold);
                 Some(fold)
             }
             Ok(None) => None,
@@ -334,6 +369,21 @@ impl<D: Dialect> Turn<'_, D> {
                 tracing::warn!(%error, "provider compaction failed; the request goes on as decided");
                 None
             }
+        }
+    }
+
+    /// The parsed request and where its messages came from, when the turn has them (a
+    /// turn decided from its outline does not).
+    pub fn parsed(&self) -> Option<&(Arc<ChatRequest>, D::Origins)> {
+        self.parsed.as_ref()
+    }
+
+    /// Records that the whole request was folded as `fold` (it is forwarded, or
+    /// answered, as the kept messages and the digest).
+    pub fn folded(&mut self, fold: &WholeFold) {
+        if let Some((request, _)) = &self.parsed {
+            self.decision = Decision::folded_whole(request, fold);
+            log_decision(&self.decision, false);
         }
     }
 

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::api::compaction_item::{self, Sealed, open_items};
-use crate::api::{self, ListWriter, Origins};
+use crate::api::{ListWriter, Origins};
 use crate::compaction::{FoldWhen, Options, WholeFold};
 use crate::config::ServedBy;
 use crate::http::body::{BodyProgress, ProxyBody, full};
@@ -24,15 +24,18 @@ use crate::http::dialect::Responses;
 use crate::http::error::ProxyError;
 use crate::http::passthrough::{self, build_request, client_response};
 use crate::http::request_body;
-use crate::http::turn::{Turns, caller};
+use crate::http::turn::{Turns, caller, record_untaken};
 use crate::http::upstream::Upstream;
 use crate::learned::ProviderApi;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Route};
 use crate::model::DIGEST_MARKER;
+use crate::vocab::Outcome;
 
 const API: ProviderApi = ProviderApi::ResponsesCompact;
 
-/// Handles `POST /v1/responses/compact`.
+/// Handles `POST /v1/responses/compact`. Recorded like any request of a compacted route
+/// (outcome, inspector entry, `x-foldgate-*` headers): `compacted` when foldgate folded
+/// the conversation, `passthrough` when the upstream answered.
 pub async fn handle(
     turns: &Turns,
     upstream: &Upstream,
@@ -59,7 +62,22 @@ pub async fn handle(
         let response = upstream.send(outgoing).await?;
         if !matches!(response.status(), StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED) {
             metrics.provider_compaction(API, false);
-            return Ok(client_response(response));
+            let response = client_response(response);
+            let turn = body.as_ref().and_then(|body| {
+                turns.begin_whole(&Responses, upstream.name(), &parts.headers, body, metrics)
+            });
+            return Ok(match turn {
+                Some(turn) => {
+                    let response = turn.finish(response);
+                    // The span is the compact request's, not a chat turn's.
+                    crate::http::trace::record_compact(turn.model_name(), None);
+                    response
+                }
+                None => {
+                    record_untaken(metrics, Route::Responses, Outcome::NotChat);
+                    response
+                }
+            });
         }
         conversations.learn_unserved(API, upstream.name()).await;
     }
@@ -68,7 +86,7 @@ pub async fn handle(
             "the request body's Content-Encoding could not be decoded".to_owned(),
         ));
     };
-    let response = serve(turns, &parts.headers, &body).await?;
+    let response = serve(turns, upstream, metrics, &parts.headers, &body).await?;
     metrics.provider_compaction(API, true);
     Ok(response)
 }
@@ -84,9 +102,11 @@ struct CompactRequest<'a> {
     previous_response_id: Option<&'a RawValue>,
 }
 
-/// foldgate's own answer to a compact request.
+/// foldgate's own answer to a compact request, recorded as the request's turn.
 async fn serve(
     turns: &Turns,
+    upstream: &Upstream,
+    metrics: &Arc<Metrics>,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -109,23 +129,33 @@ async fn serve(
     let opened = open_items(body, &provider.sealer)
         .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
     let body = opened.map_or_else(|| body.clone(), Bytes::from);
-    let (request, origins) = api::responses::parse(&body)
-        .ok_or_else(|| invalid("`input` is not a list of Responses items this gateway can read"))?;
-    let request = Arc::new(request);
+    let unreadable = || invalid("`input` is not a list of Responses items this gateway can read");
+    let mut turn = turns
+        .begin_whole(&Responses, upstream.name(), headers, &body, metrics)
+        .ok_or_else(unreadable)?;
+    turn.served(API);
+    let (request, _) = turn.parsed().ok_or_else(unreadable)?;
+    let request = request.clone();
     let caller = caller(&Responses, headers);
     let fold = turns
         .conversations
         .fold_whole(&request, &caller, &Options::default(), FoldWhen::Always)
         .await
         .map_err(ProxyError::Internal)?;
-    let model = request.model().unwrap_or_default();
-    crate::http::trace::record_compact(&model, fold.as_ref().map(|f| &f.report));
-    let answer = answer(&provider.sealer, &body, &origins, fold.as_ref());
+    if let Some(fold) = &fold {
+        turn.folded(fold);
+    }
+    let (_, origins) = turn.parsed().ok_or_else(unreadable)?;
+    let answer = answer(&provider.sealer, &body, origins, fold.as_ref());
     let mut response = Response::new(full(answer));
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response.headers_mut().insert("x-foldgate-served-by", HeaderValue::from_static("foldgate"));
+    let response = turn.finish(response);
+    // The span is the compact request's, not a chat turn's.
+    let model = request.model().unwrap_or_default();
+    crate::http::trace::record_compact(&model, fold.as_ref().map(|f| &f.report));
     Ok(response)
 }
 
