@@ -156,7 +156,9 @@
           bar,
           el("div", { class: "meta" }, (b.end - b.start) + " message(s) replaced; " +
             b.verbatim.length + " kept verbatim"),
-          el("div", { class: "meta" }, "by " + (b.summarizer || "–") + ", artifact recall " + recall),
+          el("div", { class: "meta" }, "by " + (b.summarizer || "–") +
+            "; the summarizer's own text named " + recall +
+            " of the fold's files, commands and errors (the work trail below lists every one)"),
           el("div", { class: "meta" }, "folded " + time(b.folded_at))),
         el("pre", { class: "digest" }, b.digest),
         el("details", { class: "trail" },
