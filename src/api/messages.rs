@@ -108,6 +108,17 @@ pub fn neutral_system(raw: &str) -> Option<String> {
     serde_json::to_string(&json!({"role": "system", "content": value})).ok()
 }
 
+/// The neutral `system` message of a body message's raw JSON, when it is a `system`
+/// message (as Claude Code sends its environment inside `messages` for a model id it
+/// does not know). The session fingerprint takes it when the body has no `system` field.
+pub fn neutral_system_message(message_raw: &str) -> Option<String> {
+    let message: Incoming<'_> = serde_json::from_str(message_raw).ok()?;
+    if message.role != "system" {
+        return None;
+    }
+    neutral_system(message.content.get())
+}
+
 /// The first neutral `user` message of a body message's raw JSON, if it makes one (a
 /// message of `tool_result` blocks only does not). The session fingerprint is taken
 /// from it, whether the body was parsed or only outlined.

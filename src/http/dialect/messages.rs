@@ -127,11 +127,16 @@ impl Dialect for Messages {
         let scan = &outline.outline;
         session_key_with(headers, session_header, || {
             let text = |raw: &[u8]| std::str::from_utf8(raw).ok().map(str::to_owned);
-            let system = scan
-                .field("system")
-                .filter(|raw| raw.trim_ascii() != b"null")
-                .and_then(text)
-                .and_then(|raw| api::messages::neutral_system(&raw));
+            // The `system` field, else the first `system` message inside `messages`, as
+            // the parsed request has them first.
+            let system = match scan.field("system").filter(|raw| raw.trim_ascii() != b"null") {
+                Some(raw) => text(raw).and_then(|raw| api::messages::neutral_system(&raw)),
+                None => scan
+                    .messages()
+                    .iter()
+                    .filter(|m| m.role == Some(Role::System))
+                    .find_map(|m| api::messages::neutral_system_message(&text(scan.raw(m))?)),
+            };
             let user = scan
                 .messages()
                 .iter()
@@ -229,6 +234,10 @@ mod tests {
             r#"{"model":"claude-sonnet-4-5","system":"Be careful.","metadata":{"user_id":"user_1_account_2_session_3"},"messages":[{"role":"user","content":"Fix it."}]}"#,
             r#"{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be careful."}],"messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>x</system-reminder>"},{"type":"text","text":"Fix it."}]}]}"#,
             r#"{"model":"m","metadata":{"user_id":null},"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]},{"role":"assistant","content":"a"},{"role":"user","content":"u"}]}"#,
+            // System messages inside `messages` (Claude Code, for a model id it does not
+            // know): the first names the conversation when there is no `system` field.
+            r#"{"model":"gateway-claude","messages":[{"role":"system","content":"<env>cwd: /a</env>"},{"role":"user","content":"Fix it."},{"role":"system","content":"later"}]}"#,
+            r#"{"model":"gateway-claude","system":"Be careful.","messages":[{"role":"system","content":"<env>cwd: /a</env>"},{"role":"user","content":"Fix it."}]}"#,
         ];
         let mut keys = Vec::new();
         for body in bodies {
