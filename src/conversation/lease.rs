@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::compaction::SessionState;
-use crate::session::{Lease, SessionKey, SessionStore};
+use crate::session::{Lease, LeaseStore, SessionKey};
 use crate::summarizer::{Summarizer, SummarizerError, SummaryInput};
 
 /// Wraps a summarizer for one conversation; the lease, once taken, is held until
 /// [`Leased::release`].
 pub struct Leased<'a> {
     inner: &'a dyn Summarizer,
-    store: &'a dyn SessionStore<SessionState>,
+    store: &'a dyn LeaseStore,
     key: &'a SessionKey,
     ttl: Duration,
     lease: Mutex<Option<Lease>>,
@@ -27,7 +26,7 @@ impl<'a> Leased<'a> {
     /// `inner` under the lease of `key` in `store`, taken for `ttl` at the first call.
     pub fn new(
         inner: &'a dyn Summarizer,
-        store: &'a dyn SessionStore<SessionState>,
+        store: &'a dyn LeaseStore,
         key: &'a SessionKey,
         ttl: Duration,
     ) -> Self {
