@@ -24,7 +24,6 @@ use super::request_body::{self, ReceivedBody};
 use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
 use super::usage_tap::{tapped, team_of};
-use crate::api::anthropic_edits;
 use crate::config::ServedBy;
 use crate::metrics::Metrics;
 use crate::summarizer::llm::SUMMARY_HEADER;
@@ -126,7 +125,7 @@ impl<D: Dialect> Exchange<'_, D> {
     /// Decides what to send for `prepared`, sends it, and retries once after an overflow.
     async fn run(&self, prepared: Prepared, may_reject: bool) -> Result<Attempt, ProxyError> {
         let Self { dialect, upstream, turns, metrics, parts, received, started } = *self;
-        let headers = forwarded_headers(&parts.headers, prepared.strip_betas);
+        let headers = dialect.forwarded_headers(&parts.headers, &prepared);
         let team = team_of(metrics, &parts.headers);
         let out = Outgoing { dialect, upstream, metrics, parts, headers: &headers, received };
         // The headers as forwarded: digest calls pass them on, betas foldgate serves off.
@@ -176,30 +175,6 @@ impl<D: Dialect> Exchange<'_, D> {
         }))
     }
 }
-
-/// The client's headers as forwarded: without the `anthropic-beta` names of the APIs
-/// foldgate serves itself when `strip_betas`.
-fn forwarded_headers(headers: &HeaderMap, strip_betas: bool) -> HeaderMap {
-    let mut headers = headers.clone();
-    if !strip_betas {
-        return headers;
-    }
-    let betas: Vec<String> = headers
-        .get_all(ANTHROPIC_BETA)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .filter_map(anthropic_edits::strip_betas)
-        .collect();
-    headers.remove(ANTHROPIC_BETA);
-    for value in betas {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            headers.append(ANTHROPIC_BETA, value);
-        }
-    }
-    headers
-}
-
-const ANTHROPIC_BETA: &str = "anthropic-beta";
 
 /// Where and how a request's bodies are sent.
 struct Outgoing<'a, D> {

@@ -34,6 +34,8 @@ use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
 use crate::vocab::ProviderApi;
 
+const ANTHROPIC_BETA: &str = "anthropic-beta";
+
 /// Anthropic's Messages API.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Messages;
@@ -75,7 +77,7 @@ impl Dialect for Messages {
         }
         let expanded = anthropic_edits::expand_compaction(body).unwrap_or_else(|| body.clone());
         let Some(edits) = anthropic_edits::parse(&expanded).map_err(|e| e.to_string())? else {
-            return Ok(Prepared { strip_betas: true, ..Prepared::unchanged(&expanded) });
+            return Ok(Prepared { served_here: true, ..Prepared::unchanged(&expanded) });
         };
         let body = anthropic_edits::without_context_management(&expanded).unwrap_or(expanded);
         let count = |text: &str| Encoding::O200kBase.count(text);
@@ -85,8 +87,30 @@ impl Dialect for Messages {
             body: cleared.body,
             served: Some(Served::MessagesEdits { edits, applied: cleared.applied }),
             left_for_upstream: false,
-            strip_betas: true,
+            served_here: true,
         })
+    }
+
+    /// Without the `anthropic-beta` names of the APIs foldgate serves, when it serves
+    /// them (on digest calls too, which take these headers).
+    fn forwarded_headers(&self, headers: &HeaderMap, prepared: &Prepared) -> HeaderMap {
+        let mut headers = headers.clone();
+        if !prepared.served_here {
+            return headers;
+        }
+        let betas: Vec<String> = headers
+            .get_all(ANTHROPIC_BETA)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .filter_map(anthropic_edits::strip_betas)
+            .collect();
+        headers.remove(ANTHROPIC_BETA);
+        for value in betas {
+            if let Ok(value) = http::HeaderValue::from_str(&value) {
+                headers.append(ANTHROPIC_BETA, value);
+            }
+        }
+        headers
     }
 
     /// Also a rejection of the beta header that enables the edits.

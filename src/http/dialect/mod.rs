@@ -82,15 +82,16 @@ pub struct Prepared {
     /// The body asks for a provider compaction that is left to the upstream (it serves
     /// it, or `auto` has not found that it does not).
     pub left_for_upstream: bool,
-    /// The `anthropic-beta` names of the APIs foldgate serves are taken off the headers
-    /// forwarded.
-    pub strip_betas: bool,
+    /// foldgate serves the provider compaction itself: the headers that would ask the
+    /// upstream for it are taken off what is forwarded (see
+    /// [`Dialect::forwarded_headers`]).
+    pub served_here: bool,
 }
 
 impl Prepared {
     /// `body` as it is.
     pub fn unchanged(body: &Bytes) -> Self {
-        Self { body: body.clone(), served: None, left_for_upstream: false, strip_betas: false }
+        Self { body: body.clone(), served: None, left_for_upstream: false, served_here: false }
     }
 }
 
@@ -138,6 +139,13 @@ pub trait Dialect: Send + Sync + 'static {
     ) -> Result<Prepared, String> {
         let _ = (provider, serve);
         Ok(Prepared::unchanged(body))
+    }
+
+    /// The client's headers as forwarded for `prepared`: as received, unless foldgate
+    /// serves the provider compaction and a header of this shape asks the upstream for it.
+    fn forwarded_headers(&self, headers: &HeaderMap, prepared: &Prepared) -> HeaderMap {
+        let _ = prepared;
+        headers.clone()
     }
 
     /// True when an upstream's error answer says it does not know the provider

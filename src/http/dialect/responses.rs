@@ -90,7 +90,7 @@ impl Dialect for Responses {
                 body: Bytes::from(stripped),
                 served: Some(Served::ResponsesCompaction(compaction)),
                 left_for_upstream: false,
-                strip_betas: false,
+                served_here: false,
             }),
             None => Ok(Prepared::unchanged(&body)),
         }
