@@ -21,7 +21,7 @@ use foldgate::compaction::{Engine, Forward, Options, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::conversation::Rewritten;
 use foldgate::http::content_coding::{self, Coding};
-use foldgate::http::dialect::chat::MIN_STATED_WINDOW;
+use foldgate::http::dialect::overflow::MIN_STATED_WINDOW;
 use foldgate::http::dialect::{ChatCompletions, Dialect, Messages, Responses};
 use foldgate::http::served_by::rejects_field;
 use foldgate::http::session_key::SessionHeaders;

@@ -211,7 +211,7 @@ fn is_subscription_token(headers: &HeaderMap) -> bool {
 /// True for Anthropic's overflow error: `invalid_request_error` with
 /// `prompt is too long: N tokens > M maximum` (or another provider's wording of it).
 pub fn is_prompt_too_long(body: &[u8]) -> bool {
-    super::chat::is_context_overflow(body)
+    super::overflow::is_context_overflow(body)
 }
 
 #[cfg(test)]

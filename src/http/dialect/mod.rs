@@ -11,6 +11,7 @@
 
 pub mod chat;
 pub mod messages;
+pub mod overflow;
 pub mod responses;
 
 use bytes::Bytes;
@@ -232,7 +233,7 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// The context window an overflow error states, when it does.
     fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
-        chat::stated_window(error_body)
+        overflow::stated_window(error_body)
     }
 
     /// True when this shape's providers count tokens with an encoder the engine does

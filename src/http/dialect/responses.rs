@@ -29,7 +29,7 @@ use http::HeaderMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::chat::is_context_overflow;
+use super::overflow::is_context_overflow;
 use super::{Dialect, Prepared, Served, StreamEvent, byte_bound};
 use crate::api::compaction_item::{open_items, take_context_management};
 use crate::api::{self, Origins};
