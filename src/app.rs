@@ -13,7 +13,7 @@ use crate::config::{Config, ServedBy, StoreKind};
 use crate::conversation::{Conversations, Setup, Sharing, Summarizers};
 use crate::http::Server;
 use crate::http::inspect::Inspector;
-use crate::http::served_by::ProviderApis;
+use crate::http::provider_compaction::serving::CompactionApis;
 use crate::http::server::{Listeners, ServerError};
 use crate::http::turn::Turns;
 use crate::metrics::{Metrics, Teams};
@@ -101,7 +101,7 @@ fn build_pipeline(
 }
 
 /// Who serves the providers' compaction APIs, and the key sealing foldgate's items.
-fn provider_apis(config: &Config) -> ProviderApis {
+fn provider_apis(config: &Config) -> CompactionApis {
     let sealer = match config.responses.key_bytes() {
         Some(Ok(key)) => Sealer::new(&key),
         // Rejected when the configuration was validated.
@@ -115,7 +115,7 @@ fn provider_apis(config: &Config) -> ProviderApis {
             Sealer::generated()
         }
     };
-    ProviderApis {
+    CompactionApis {
         responses_compact: config.responses.compact,
         responses_context: config.responses.context_management,
         messages_context: config.messages.context_management,

@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 
-use crate::vocab::{FailureReason, Outcome, ProviderApi, StoreOp, SummarizerKind, Tier};
+use crate::vocab::{CompactionApi, FailureReason, Outcome, StoreOp, SummarizerKind, Tier};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
@@ -666,7 +666,7 @@ impl Metrics {
                 self.encoded_bodies.with_label_values(&[encoding.as_str(), result.as_str()]);
             }
         }
-        for api in ProviderApi::ALL {
+        for api in CompactionApi::ALL {
             for served_by in ["upstream", "foldgate"] {
                 self.provider_compactions.with_label_values(&[api.as_str(), served_by]);
             }
@@ -755,7 +755,7 @@ impl Metrics {
 
     /// Counts a request of the providers' compaction API `api`, served by foldgate or
     /// by the upstream.
-    pub fn provider_compaction(&self, api: ProviderApi, by_foldgate: bool) {
+    pub fn provider_compaction(&self, api: CompactionApi, by_foldgate: bool) {
         let served_by = if by_foldgate { "foldgate" } else { "upstream" };
         self.provider_compactions.with_label_values(&[api.as_str(), served_by]).inc();
     }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize, Serializer};
 /// The providers' own compaction APIs, which foldgate serves for upstreams without them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ProviderApi {
+pub enum CompactionApi {
     /// `POST /v1/responses/compact`.
     ResponsesCompact,
     /// `context_management` compaction on `/v1/responses`.
@@ -19,7 +19,7 @@ pub enum ProviderApi {
     MessagesContextManagement,
 }
 
-impl ProviderApi {
+impl CompactionApi {
     /// Every API.
     pub const ALL: [Self; 3] =
         [Self::ResponsesCompact, Self::ResponsesContextManagement, Self::MessagesContextManagement];

@@ -23,7 +23,7 @@ use foldgate::conversation::Rewritten;
 use foldgate::http::content_coding::{self, Coding};
 use foldgate::http::dialect::overflow::MIN_STATED_WINDOW;
 use foldgate::http::dialect::{ChatCompletions, Dialect, Messages, Responses};
-use foldgate::http::served_by::rejects_field;
+use foldgate::http::provider_compaction::serving::rejects_field;
 use foldgate::http::session_key::SessionHeaders;
 use foldgate::http::sse::Events;
 use foldgate::http::usage_tap::{Usage, tapped};

@@ -10,8 +10,8 @@
 mod admin;
 mod bytesize;
 mod compaction;
+mod compaction_apis;
 mod env;
-mod provider;
 mod secret;
 mod session;
 mod telemetry;
@@ -26,7 +26,7 @@ pub use crate::vocab::SummarizerKind;
 pub use admin::AdminConfig;
 pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
-pub use provider::{COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy};
+pub use compaction_apis::{COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy};
 pub use secret::{Secret, SecretUrl};
 pub use session::{HeaderNames, RedisMode, SessionConfig, StoreKind, SummarizerConfig};
 pub use telemetry::{DEFAULT_SERVICE_NAME, OtlpProtocol, TelemetryConfig};

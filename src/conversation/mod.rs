@@ -34,7 +34,7 @@ use self::transaction::log_store_error;
 use crate::compaction::engine::Ahead;
 use crate::compaction::{Engine, FoldWhen, Options, Report, SessionState, TokenRatio, WholeFold};
 use crate::config::CompactionMode;
-use crate::learned::{Learned, ProviderApi, unserved_name};
+use crate::learned::{CompactionApi, Learned, unserved_name};
 use crate::metrics::Metrics;
 use crate::model::ChatRequest;
 use crate::session::{SessionKey, SessionLocks, SessionStore, StoredState};
@@ -347,13 +347,13 @@ impl Conversations {
     }
 
     /// True when `upstream` was found not to serve `api` (here, or by a replica).
-    pub fn unserved(&self, api: ProviderApi, upstream: &str) -> bool {
+    pub fn unserved(&self, api: CompactionApi, upstream: &str) -> bool {
         self.inner.learned.unserved.contains(&unserved_name(api, upstream))
     }
 
     /// Remembers that `upstream` does not serve `api`, and shares it through a shared
     /// store.
-    pub async fn learn_unserved(&self, api: ProviderApi, upstream: &str) {
+    pub async fn learn_unserved(&self, api: CompactionApi, upstream: &str) {
         let name = unserved_name(api, upstream);
         if !self.inner.learned.unserved.learn(&name) || !self.inner.store.is_shared() {
             return;

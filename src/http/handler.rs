@@ -18,8 +18,8 @@ use super::dialect::{Dialect, Prepared};
 use super::error::ProxyError;
 use super::overflow;
 use super::passthrough::{self, build_request, client_response};
-use super::provider::answer;
-use super::provider::served::{self, Addition};
+use super::provider_compaction::answer;
+use super::provider_compaction::on_request::{self, Addition};
 use super::request_body::{self, ReceivedBody};
 use super::turn::{Turns, record_untaken};
 use super::upstream::{Upstream, UpstreamBody};
@@ -138,7 +138,7 @@ impl<D: Dialect> Exchange<'_, D> {
             return Ok(Attempt::Answered(response));
         };
         let addition = match &prepared.served {
-            Some(served) => served::serve(&mut turn, served, &turns.provider, metrics).await,
+            Some(served) => on_request::serve(&mut turn, served, &turns.provider, metrics).await,
             None => None,
         };
         if let Some(Addition::Paused { body, events }) = addition {

@@ -169,7 +169,7 @@ async fn dispatch(
             let span = trace::request_span(Route::Responses, true, request.headers());
             let response = in_span!(
                 &span,
-                super::provider::compact::handle(
+                super::provider_compaction::compact::handle(
                     &state.turns,
                     &state.upstream,
                     state.max_body,

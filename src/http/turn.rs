@@ -15,7 +15,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use super::body::ProxyBody;
 use super::dialect::Dialect;
 use super::inspect::{EdgeFacts, Inspector};
-use super::served_by::ProviderApis;
+use super::provider_compaction::serving::CompactionApis;
 use super::session_key::SessionHeaders;
 use super::usage_tap::{OnUsage, UsageSlot, team_of};
 use crate::compaction::{FoldWhen, Options, Report, WholeFold};
@@ -25,7 +25,7 @@ use crate::metrics::{Metrics, OverflowRetry, Route, WindowEvent, model_label};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
 use crate::summarizer::llm::{ClientHeaders, Credential};
-use crate::vocab::{Outcome, ProviderApi};
+use crate::vocab::{CompactionApi, Outcome};
 
 /// What the edge's compacted routes share. Cheap to clone: every connection thread
 /// holds one.
@@ -40,7 +40,7 @@ pub struct Turns {
     /// The session inspector, when on (`admin.listen`): every request is recorded.
     pub inspector: Option<Arc<Inspector>>,
     /// Who serves the providers' own compaction APIs.
-    pub provider: Arc<ProviderApis>,
+    pub provider: Arc<CompactionApis>,
 }
 
 /// One request of a conversation, from its decision to its recorded outcome.
@@ -65,7 +65,7 @@ pub struct Turn<'a, D: Dialect> {
     /// The overflow stated a window smaller than any known.
     learned_window: bool,
     /// The provider compaction API foldgate served on this request, when it changed it.
-    provider_api: Option<ProviderApi>,
+    provider_api: Option<CompactionApi>,
     /// Where the usage of the answer being sent arrives when it ends (while the
     /// inspector is on: the request is recorded with it).
     answer: Option<UsageSlot>,
@@ -388,7 +388,7 @@ impl<D: Dialect> Turn<'_, D> {
     }
 
     /// Notes that foldgate served `api` on this request (it is recorded with it).
-    pub fn served(&mut self, api: ProviderApi) {
+    pub fn served(&mut self, api: CompactionApi) {
         self.provider_api = Some(api);
     }
 

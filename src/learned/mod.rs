@@ -10,7 +10,7 @@ pub mod unserved;
 pub mod windows;
 
 pub use calibration::Calibration;
-pub use unserved::{ProviderApi, Unserved, unserved_name};
+pub use unserved::{CompactionApi, Unserved, unserved_name};
 pub use windows::{LearnedWindows, model_key};
 
 /// Everything learned so far (shared by every connection thread of a process).

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-pub use crate::vocab::ProviderApi;
+pub use crate::vocab::CompactionApi;
 
 /// At most this many (API, upstream) pairs are remembered.
 const MAX_ENTRIES: usize = 256;
@@ -17,7 +17,7 @@ const MAX_ENTRIES: usize = 256;
 pub const UNSERVED_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The name of `api` at `upstream`, as kept and shared.
-pub fn unserved_name(api: ProviderApi, upstream: &str) -> String {
+pub fn unserved_name(api: CompactionApi, upstream: &str) -> String {
     let upstream: String = upstream.chars().take(300).collect();
     format!("{}|{upstream}", api.as_str())
 }
@@ -57,8 +57,8 @@ mod tests {
     #[test]
     fn pairs_are_remembered_per_upstream() {
         let unserved = Unserved::default();
-        let a = unserved_name(ProviderApi::ResponsesCompact, "http://a/v1");
-        let b = unserved_name(ProviderApi::ResponsesCompact, "http://b/v1");
+        let a = unserved_name(CompactionApi::ResponsesCompact, "http://a/v1");
+        let b = unserved_name(CompactionApi::ResponsesCompact, "http://b/v1");
         assert!(!unserved.contains(&a));
         assert!(unserved.learn(&a));
         assert!(!unserved.learn(&a));

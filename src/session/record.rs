@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::vocab::{ChangeKind, Outcome, ProviderApi};
+use crate::vocab::{ChangeKind, CompactionApi, Outcome};
 
 /// Number of tiers counted (0 to 4, see `compaction::Tier`).
 pub const TIERS: usize = 5;
@@ -52,7 +52,7 @@ pub struct RequestEntry {
     /// It was sent again, compacted deeper, after a context-overflow error.
     pub retried: bool,
     /// The provider's compaction API foldgate served on it, when it changed the request.
-    pub api: Option<ProviderApi>,
+    pub api: Option<CompactionApi>,
     /// Prompt tokens the provider caches again because of its compaction.
     pub rewritten: u32,
     /// Why it got its tier, in a few words.

@@ -25,14 +25,14 @@ use crate::api::{self, Origins};
 use crate::compaction::tokens::Encoding;
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
-use crate::http::served_by::{ProviderApis, rejects_field};
+use crate::http::provider_compaction::serving::{CompactionApis, rejects_field};
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
-use crate::vocab::ProviderApi;
+use crate::vocab::CompactionApi;
 
 const ANTHROPIC_BETA: &str = "anthropic-beta";
 
@@ -57,8 +57,8 @@ impl Dialect for Messages {
         Route::Messages
     }
 
-    fn provider_api(&self) -> Option<ProviderApi> {
-        Some(ProviderApi::MessagesContextManagement)
+    fn provider_api(&self) -> Option<CompactionApi> {
+        Some(CompactionApi::MessagesContextManagement)
     }
 
     /// When foldgate serves `context_management`: compaction blocks sent back become
@@ -68,7 +68,7 @@ impl Dialect for Messages {
     fn prepare(
         &self,
         body: &Bytes,
-        _provider: &ProviderApis,
+        _provider: &CompactionApis,
         serve: bool,
     ) -> Result<Prepared, String> {
         let asked = memchr::memmem::find(body, b"\"context_management\"").is_some();

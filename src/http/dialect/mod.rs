@@ -17,7 +17,7 @@ pub mod responses;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use super::served_by::ProviderApis;
+use super::provider_compaction::serving::CompactionApis;
 use super::session_key::SessionHeaders;
 use super::sse::Event;
 use crate::api::anthropic_edits::{AppliedEdit, ContextManagement};
@@ -31,7 +31,7 @@ use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
-use crate::vocab::ProviderApi;
+use crate::vocab::CompactionApi;
 
 pub use chat::ChatCompletions;
 pub use messages::Messages;
@@ -125,7 +125,7 @@ pub trait Dialect: Send + Sync + 'static {
     fn route(&self) -> Route;
 
     /// The provider compaction API requests of this shape may ask for, if any.
-    fn provider_api(&self) -> Option<ProviderApi> {
+    fn provider_api(&self) -> Option<CompactionApi> {
         None
     }
 
@@ -135,7 +135,7 @@ pub trait Dialect: Send + Sync + 'static {
     fn prepare(
         &self,
         body: &Bytes,
-        provider: &ProviderApis,
+        provider: &CompactionApis,
         serve: bool,
     ) -> Result<Prepared, String> {
         let _ = (provider, serve);
@@ -152,7 +152,7 @@ pub trait Dialect: Send + Sync + 'static {
     /// True when an upstream's error answer says it does not know the provider
     /// compaction fields the request carried.
     fn rejects_provider_compaction(&self, error_body: &[u8]) -> bool {
-        super::served_by::rejects_field(error_body, "context_management")
+        super::provider_compaction::serving::rejects_field(error_body, "context_management")
     }
 
     /// The outline of `body`; `None` when the scan cannot follow it (it is parsed then).

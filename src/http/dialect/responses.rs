@@ -35,7 +35,7 @@ use crate::api::compaction_item::{open_items, take_context_management};
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
-use crate::http::served_by::ProviderApis;
+use crate::http::provider_compaction::serving::CompactionApis;
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::http::sse::Event;
 use crate::metrics::Route;
@@ -43,7 +43,7 @@ use crate::model::ChatRequest;
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
-use crate::vocab::ProviderApi;
+use crate::vocab::CompactionApi;
 
 /// OpenAI's Responses API.
 #[derive(Debug, Clone, Copy, Default)]
@@ -64,8 +64,8 @@ impl Dialect for Responses {
         Route::Responses
     }
 
-    fn provider_api(&self) -> Option<ProviderApi> {
-        Some(ProviderApi::ResponsesContextManagement)
+    fn provider_api(&self) -> Option<CompactionApi> {
+        Some(CompactionApi::ResponsesContextManagement)
     }
 
     /// Opens foldgate's compaction items (a tampered or foreign one is an error); when
@@ -73,7 +73,7 @@ impl Dialect for Responses {
     fn prepare(
         &self,
         body: &Bytes,
-        provider: &ProviderApis,
+        provider: &CompactionApis,
         serve: bool,
     ) -> Result<Prepared, String> {
         let opened = open_items(body, &provider.sealer).map_err(|e| e.to_string())?;

@@ -23,7 +23,7 @@ use crate::session::record::{
     CHANGES_MAX, ChangeEntry, FoldEntry, RequestChanges, RequestEntry, UsageEntry, now_ms,
 };
 use crate::session::{RecordUpdate, SessionKey, SessionStore};
-use crate::vocab::{Outcome, ProviderApi};
+use crate::vocab::{CompactionApi, Outcome};
 
 /// At most this many sessions are listed.
 const LIST_MAX: usize = 1000;
@@ -162,7 +162,7 @@ pub struct EdgeFacts<'a> {
     /// It was sent again, compacted deeper, after a context overflow.
     pub retried: bool,
     /// The provider compaction API foldgate served on it, when it changed it.
-    pub api: Option<ProviderApi>,
+    pub api: Option<CompactionApi>,
     /// Changes foldgate made besides the engine's compaction, in a few words each.
     pub notes: &'a [String],
 }

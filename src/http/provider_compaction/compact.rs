@@ -26,12 +26,12 @@ use crate::http::passthrough::{self, build_request, client_response};
 use crate::http::request_body;
 use crate::http::turn::{Turns, caller, record_untaken};
 use crate::http::upstream::Upstream;
-use crate::learned::ProviderApi;
+use crate::learned::CompactionApi;
 use crate::metrics::{Metrics, Route};
 use crate::model::DIGEST_MARKER;
 use crate::vocab::Outcome;
 
-const API: ProviderApi = ProviderApi::ResponsesCompact;
+const API: CompactionApi = CompactionApi::ResponsesCompact;
 
 /// Handles `POST /v1/responses/compact`. Recorded like any request of a compacted route
 /// (outcome, inspector entry, `x-foldgate-*` headers): `compacted` when foldgate folded

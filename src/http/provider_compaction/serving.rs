@@ -2,16 +2,16 @@
 //! the upstream, foldgate, or in `auto` the upstream until it answers that it does not
 //! know the API (remembered per upstream, see [`crate::learned::unserved`]); and the key
 //! that seals foldgate's compaction items. Read by the dialects, the turn and the
-//! handlers of [`super::provider`].
+//! handlers of [`super`].
 
 use crate::api::compaction_item::Sealer;
 use crate::config::ServedBy;
 use crate::conversation::Conversations;
-use crate::learned::ProviderApi;
+use crate::learned::CompactionApi;
 
 /// Who serves each of the providers' compaction APIs, and the key of foldgate's items.
 #[derive(Debug)]
-pub struct ProviderApis {
+pub struct CompactionApis {
     /// `responses.compact`.
     pub responses_compact: ServedBy,
     /// `responses.context_management`.
@@ -22,13 +22,13 @@ pub struct ProviderApis {
     pub sealer: Sealer,
 }
 
-impl ProviderApis {
+impl CompactionApis {
     /// How `api` is configured.
-    pub fn served_by(&self, api: ProviderApi) -> ServedBy {
+    pub fn served_by(&self, api: CompactionApi) -> ServedBy {
         match api {
-            ProviderApi::ResponsesCompact => self.responses_compact,
-            ProviderApi::ResponsesContextManagement => self.responses_context,
-            ProviderApi::MessagesContextManagement => self.messages_context,
+            CompactionApi::ResponsesCompact => self.responses_compact,
+            CompactionApi::ResponsesContextManagement => self.responses_context,
+            CompactionApi::MessagesContextManagement => self.messages_context,
         }
     }
 
@@ -36,7 +36,7 @@ impl ProviderApis {
     /// the upstream was found not to serve it.
     pub fn foldgate_serves(
         &self,
-        api: ProviderApi,
+        api: CompactionApi,
         conversations: &Conversations,
         upstream: &str,
     ) -> bool {

@@ -10,11 +10,11 @@ use crate::api::compaction_item::{self, Sealed};
 use crate::api::responses_output::{OutputItemInjector, insert_output_item};
 use crate::compaction::FoldWhen;
 use crate::http::dialect::{Dialect, Served};
-use crate::http::served_by::ProviderApis;
+use crate::http::provider_compaction::serving::CompactionApis;
 use crate::http::turn::Turn;
 use crate::metrics::Metrics;
 use crate::model::DIGEST_MARKER;
-use crate::vocab::ProviderApi;
+use crate::vocab::CompactionApi;
 
 /// The most bytes of a JSON answer held to add to it (larger ones go unchanged).
 const JSON_LIMIT: usize = 64 * 1024 * 1024;
@@ -64,7 +64,7 @@ impl Addition {
 pub async fn serve<D: Dialect>(
     turn: &mut Turn<'_, D>,
     served: &Served,
-    provider: &ProviderApis,
+    provider: &CompactionApis,
     metrics: &Metrics,
 ) -> Option<Addition> {
     match served {
@@ -73,8 +73,8 @@ pub async fn serve<D: Dialect>(
             let fold = turn.fold_whole(when, None).await?;
             let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
             let content = provider.sealer.seal(&Sealed { digest: fold.digest });
-            metrics.provider_compaction(ProviderApi::ResponsesContextManagement, true);
-            turn.served(ProviderApi::ResponsesContextManagement);
+            metrics.provider_compaction(CompactionApi::ResponsesContextManagement, true);
+            turn.served(CompactionApi::ResponsesContextManagement);
             Some(Addition::ResponsesItem(compaction_item::item(&id, &content)))
         }
         Served::MessagesEdits { edits, applied } => {
@@ -84,8 +84,8 @@ pub async fn serve<D: Dialect>(
                 _ => true,
             };
             if compacted {
-                metrics.provider_compaction(ProviderApi::MessagesContextManagement, true);
-                turn.served(ProviderApi::MessagesContextManagement);
+                metrics.provider_compaction(CompactionApi::MessagesContextManagement, true);
+                turn.served(CompactionApi::MessagesContextManagement);
             }
             for edit in applied {
                 turn.note(edit.describe());

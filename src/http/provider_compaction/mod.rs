@@ -7,4 +7,5 @@
 
 pub mod answer;
 pub mod compact;
-pub mod served;
+pub mod on_request;
+pub mod serving;
