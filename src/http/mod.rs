@@ -4,6 +4,7 @@
 //! the model summarizer's own small client).
 
 mod body;
+pub mod compaction_apis;
 mod connections;
 pub mod content_coding;
 pub mod dialect;

@@ -13,9 +13,9 @@ use http::Response;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::body::ProxyBody;
+use super::compaction_apis::CompactionApis;
 use super::dialect::Dialect;
 use super::inspect::{EdgeFacts, Inspector};
-use super::provider_compaction::serving::CompactionApis;
 use super::session_key::SessionHeaders;
 use super::usage_tap::{OnUsage, UsageSlot, team_of};
 use crate::compaction::{FoldWhen, Options, Report, WholeFold};

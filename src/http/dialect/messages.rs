@@ -25,7 +25,7 @@ use crate::api::{self, Origins};
 use crate::compaction::tokens::Encoding;
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
-use crate::http::provider_compaction::serving::{CompactionApis, rejects_field};
+use crate::http::compaction_apis::{CompactionApis, rejects_field};
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};

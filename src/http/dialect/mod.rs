@@ -17,7 +17,7 @@ pub mod responses;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use super::provider_compaction::serving::CompactionApis;
+use super::compaction_apis::CompactionApis;
 use super::session_key::SessionHeaders;
 use super::sse::Event;
 use crate::api::anthropic_edits::{AppliedEdit, ContextManagement};
@@ -152,7 +152,7 @@ pub trait Dialect: Send + Sync + 'static {
     /// True when an upstream's error answer says it does not know the provider
     /// compaction fields the request carried.
     fn rejects_provider_compaction(&self, error_body: &[u8]) -> bool {
-        super::provider_compaction::serving::rejects_field(error_body, "context_management")
+        super::compaction_apis::rejects_field(error_body, "context_management")
     }
 
     /// The outline of `body`; `None` when the scan cannot follow it (it is parsed then).

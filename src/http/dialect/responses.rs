@@ -35,7 +35,7 @@ use crate::api::compaction_item::{open_items, take_context_management};
 use crate::api::{self, Origins};
 use crate::compaction::{Engine, Options, Report};
 use crate::conversation::Rewritten;
-use crate::http::provider_compaction::serving::CompactionApis;
+use crate::http::compaction_apis::CompactionApis;
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::http::sse::Event;
 use crate::metrics::Route;

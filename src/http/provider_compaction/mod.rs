@@ -8,4 +8,3 @@
 pub mod answer;
 pub mod compact;
 pub mod on_request;
-pub mod serving;

@@ -2,7 +2,7 @@
 //! the upstream, foldgate, or in `auto` the upstream until it answers that it does not
 //! know the API (remembered per upstream, see [`crate::learned::unserved`]); and the key
 //! that seals foldgate's compaction items. Read by the dialects, the turn and the
-//! handlers of [`super`].
+//! handlers of [`super::provider_compaction`].
 
 use crate::api::compaction_item::Sealer;
 use crate::config::ServedBy;
