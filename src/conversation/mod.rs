@@ -13,6 +13,7 @@ mod counts;
 mod decision;
 mod gate;
 mod lease;
+mod quick;
 mod summarizers;
 mod transaction;
 
@@ -29,6 +30,7 @@ use tracing::Instrument;
 
 use self::counts::LocalCounts;
 pub use self::decision::{Decision, Rewritten};
+pub use self::quick::{Measure, below, byte_bound};
 pub use self::summarizers::Summarizers;
 use self::transaction::log_store_error;
 use crate::compaction::engine::Ahead;

@@ -119,8 +119,7 @@ impl Turns {
         // Far below the trigger (most requests of most conversations) the request goes as
         // it is: not parsed, no conversation state, no hop to the compaction runtime.
         let quick = outline.as_ref().and_then(|outline| {
-            let engine = self.conversations.engine();
-            let report = dialect.clearly_below(engine, outline, &options)?;
+            let report = self.conversations.clearly_below(dialect.measure(outline)?, &options)?;
             let key = dialect.outline_session_key(headers, session_header, outline)?;
             Some((Decision::unchanged(report), key))
         });

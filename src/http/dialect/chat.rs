@@ -8,8 +8,7 @@ use http::HeaderMap;
 
 use super::Dialect;
 use crate::api;
-use crate::compaction::{Engine, Options, Report};
-use crate::conversation::Rewritten;
+use crate::conversation::{Measure, Rewritten};
 use crate::http::session_key::{SessionHeaders, session_key_of_outline};
 use crate::metrics::Route;
 use crate::model::ChatRequest;
@@ -36,13 +35,8 @@ impl Dialect for ChatCompletions {
         outline.model()
     }
 
-    fn clearly_below(
-        &self,
-        engine: &Engine,
-        outline: &Outline<'_>,
-        options: &Options,
-    ) -> Option<Report> {
-        engine.clearly_below(outline, options)
+    fn measure<'o>(&self, outline: &'o Outline<'_>) -> Option<Measure<'o>> {
+        Some(Measure::Outline(outline))
     }
 
     fn outline_session_key(

@@ -19,12 +19,11 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::{Dialect, Prepared, Served, byte_bound};
+use super::{Dialect, Prepared, Served};
 use crate::api::anthropic_edits;
 use crate::api::{self, Origins};
 use crate::compaction::tokens::Encoding;
-use crate::compaction::{Engine, Options, Report};
-use crate::conversation::Rewritten;
+use crate::conversation::{Measure, Rewritten};
 use crate::http::compaction_apis::{CompactionApis, rejects_field};
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::metrics::Route;
@@ -128,18 +127,19 @@ impl Dialect for Messages {
         outline.outline.model()
     }
 
-    /// The engine's decision from a bound of the whole body ([`byte_bound`]).
-    fn clearly_below(
-        &self,
-        engine: &Engine,
-        outline: &MessagesOutline<'_>,
-        options: &Options,
-    ) -> Option<Report> {
+    /// The whole body's bytes (see [`Measure::Bytes`]); a document block is charged
+    /// by its pages, which its bytes do not bound.
+    fn measure<'o>(&self, outline: &'o MessagesOutline<'_>) -> Option<Measure<'o>> {
         let scan = &outline.outline;
-        let (image, document) = (b"\"image\"".as_slice(), b"\"document\"".as_slice());
-        let messages = scan.messages().len();
-        let bound = byte_bound(outline.body, image, Some(document), scan.tools_raw(), messages)?;
-        engine.below_bound(scan.model(), scan.max_reply_tokens(), bound, options)
+        Some(Measure::Bytes {
+            body: outline.body,
+            image: b"\"image\"",
+            unbounded: Some(b"\"document\""),
+            tools: scan.tools_raw(),
+            messages: scan.messages().len(),
+            model: scan.model(),
+            max_reply: scan.max_reply_tokens(),
+        })
     }
 
     fn outline_session_key(
@@ -217,17 +217,32 @@ pub fn is_prompt_too_long(body: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::{Engine, Options};
 
     #[test]
     fn a_body_with_a_document_is_always_counted() {
         let engine = Engine::new(crate::config::CompactionConfig::default());
         let small = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hi"}]}"#;
         let outline = Messages.outline(small).unwrap();
-        assert!(Messages.clearly_below(&engine, &outline, &Options::default()).is_some());
+        assert!(
+            crate::conversation::below(
+                &engine,
+                Messages.measure(&outline).unwrap(),
+                &Options::default()
+            )
+            .is_some()
+        );
         // A PDF's pages can cost more than its bytes: the quick bound does not hold.
         let pdf = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0="}}]}]}"#;
         let outline = Messages.outline(pdf).unwrap();
-        assert!(Messages.clearly_below(&engine, &outline, &Options::default()).is_none());
+        assert!(
+            crate::conversation::below(
+                &engine,
+                Messages.measure(&outline).unwrap(),
+                &Options::default()
+            )
+            .is_none()
+        );
     }
 
     #[test]

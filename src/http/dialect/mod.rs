@@ -22,11 +22,7 @@ use super::session_key::SessionHeaders;
 use super::sse::Event;
 use crate::api::anthropic_edits::{AppliedEdit, ContextManagement};
 use crate::api::compaction_item::ContextCompaction;
-use crate::compaction::engine::Bound;
-use crate::compaction::tokens::REPLY_PRIMING;
-use crate::compaction::tokens::count::IMAGE_UNKNOWN;
-use crate::compaction::{Engine, Options, Report};
-use crate::conversation::Rewritten;
+use crate::conversation::{Measure, Rewritten};
 use crate::metrics::Route;
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
@@ -36,28 +32,6 @@ use crate::vocab::CompactionApi;
 pub use chat::ChatCompletions;
 pub use messages::Messages;
 pub use responses::Responses;
-
-/// The size bound of a body that the engine does not read: every token of its prompt
-/// takes at least one byte of the body's JSON text (which also covers the per-message
-/// framing of the neutral form), except images, each charged its most (`image`: how the
-/// body names an image block). Tool definitions (`tools`, their raw text) may become
-/// longer JSON in the neutral form, so they count twice. `None` when the body names a
-/// block its bytes do not bound (`unbounded`: e.g. a PDF, charged by its pages).
-pub fn byte_bound(
-    body: &[u8],
-    image: &[u8],
-    unbounded: Option<&[u8]>,
-    tools: Option<&[u8]>,
-    messages: usize,
-) -> Option<Bound> {
-    if unbounded.is_some_and(|needle| memchr::memmem::find(body, needle).is_some()) {
-        return None;
-    }
-    let images = memchr::memmem::find_iter(body, image).count();
-    let tools = tools.map_or(0, <[u8]>::len);
-    let upper = body.len() + tools + images * IMAGE_UNKNOWN + REPLY_PRIMING;
-    Some(Bound { upper, estimate: body.len() / 4, messages })
-}
 
 /// What an event at the start of a 200 event stream tells about the answer.
 #[derive(Debug, PartialEq, Eq)]
@@ -161,14 +135,12 @@ pub trait Dialect: Send + Sync + 'static {
     /// The model an outline names.
     fn outline_model(&self, outline: &Self::Outline<'_>) -> Option<String>;
 
-    /// A token estimate from the outline alone, as a report, when the request is far
-    /// below the trigger; `None` when it must be counted exactly (parsed, compacted).
-    fn clearly_below(
-        &self,
-        engine: &Engine,
-        outline: &Self::Outline<'_>,
-        options: &Options,
-    ) -> Option<Report>;
+    /// What the outline tells of the body's size, for the conversation stage's quick
+    /// decision ([`Conversations::clearly_below`]); `None` when the body must be counted
+    /// exactly (parsed, compacted).
+    ///
+    /// [`Conversations::clearly_below`]: crate::conversation::Conversations::clearly_below
+    fn measure<'o>(&self, outline: &'o Self::Outline<'_>) -> Option<Measure<'o>>;
 
     /// The session key of a request known only by its outline (the same as the parsed
     /// request's); `None` when the outline does not tell it (the body is parsed then).

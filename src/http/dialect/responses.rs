@@ -30,11 +30,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::overflow::is_context_overflow;
-use super::{Dialect, Prepared, Served, StreamEvent, byte_bound};
+use super::{Dialect, Prepared, Served, StreamEvent};
 use crate::api::compaction_item::{open_items, take_context_management};
 use crate::api::{self, Origins};
-use crate::compaction::{Engine, Options, Report};
-use crate::conversation::Rewritten;
+use crate::conversation::{Measure, Rewritten};
 use crate::http::compaction_apis::CompactionApis;
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::http::sse::Event;
@@ -111,20 +110,22 @@ impl Dialect for Responses {
         outline.fields.model()
     }
 
-    /// The engine's decision from a bound of the whole body ([`byte_bound`]).
-    fn clearly_below(
-        &self,
-        engine: &Engine,
-        outline: &ResponsesOutline<'_>,
-        options: &Options,
-    ) -> Option<Report> {
+    /// The whole body's bytes (see [`Measure::Bytes`]).
+    fn measure<'o>(&self, outline: &'o ResponsesOutline<'_>) -> Option<Measure<'o>> {
         let fields = &outline.fields;
         let max_reply = fields
             .field("max_output_tokens")
             .and_then(|raw| serde_json::from_slice::<u64>(raw).ok())
             .and_then(|n| usize::try_from(n).ok());
-        let bound = byte_bound(outline.body, b"\"input_image\"", None, fields.tools_raw(), 0)?;
-        engine.below_bound(fields.model(), max_reply, bound, options)
+        Some(Measure::Bytes {
+            body: outline.body,
+            image: b"\"input_image\"",
+            unbounded: None,
+            tools: fields.tools_raw(),
+            messages: 0,
+            model: fields.model(),
+            max_reply,
+        })
     }
 
     fn outline_session_key(
@@ -228,6 +229,7 @@ fn is_invalid_encrypted_content(body: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::{Engine, Options};
 
     fn event<'a>(name: Option<&'a str>, data: &'a str) -> Event<'a> {
         Event { name: name.map(str::as_bytes), data: Cow::Borrowed(data.as_bytes()) }
@@ -350,12 +352,19 @@ mod tests {
         for body in bodies() {
             let bytes = serde_json::to_vec(&body).unwrap();
             let outline = Responses.outline(&bytes).unwrap();
-            let report = Responses.clearly_below(&engine, &outline, &Options::default()).unwrap();
+            let measure = Responses.measure(&outline).unwrap();
+            let report = crate::conversation::below(&engine, measure, &Options::default()).unwrap();
             let (request, _) = Responses.parse(&bytes).unwrap();
             let mut cache = crate::compaction::TokenCache::default();
             let exact = engine.count_prompt(&request, &report.budget, &mut cache);
-            let bound = byte_bound(&bytes, b"\"input_image\"", None, outline.fields.tools_raw(), 0)
-                .unwrap();
+            let bound = crate::conversation::byte_bound(
+                &bytes,
+                b"\"input_image\"",
+                None,
+                outline.fields.tools_raw(),
+                0,
+            )
+            .unwrap();
             assert!(bound.upper >= exact, "{} < {exact}: {body}", bound.upper);
         }
     }
