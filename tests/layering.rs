@@ -96,6 +96,27 @@ fn stages_depend_one_way() {
 }
 
 #[test]
+fn the_edge_reaches_the_engine_only_through_the_conversation_stage() {
+    // What the edge needs of the engine passes through the stage's face (the types it
+    // re-exports, `Conversations::clearly_below` for the quick decision); unit tests of
+    // the edge may build an engine of their own.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src/http"), &mut files);
+    let mut offenders = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for line in code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
+            if line.contains("crate::compaction") {
+                offenders.push(format!("{}: {line}", file.display()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "the edge names the engine:\n{}", offenders.join("\n"));
+}
+
+#[test]
 fn only_the_http_module_and_composition_root_import_hyper() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();

@@ -34,7 +34,13 @@ pub use self::quick::{Measure, below, byte_bound};
 pub use self::summarizers::Summarizers;
 use self::transaction::log_store_error;
 use crate::compaction::engine::Ahead;
-use crate::compaction::{Engine, FoldWhen, Options, Report, SessionState, TokenRatio, WholeFold};
+/// The engine's words the edge speaks in: the stage is the edge's only door to the
+/// engine, and these are what passes through it (options of a request, what was done,
+/// folds of the whole conversation, the state the inspector shows).
+pub use crate::compaction::{
+    Change, FoldBlock, FoldWhen, Options, Report, SessionState, WholeFold, tokens::Encoding,
+};
+use crate::compaction::{Engine, TokenRatio};
 use crate::config::CompactionMode;
 use crate::learned::{CompactionApi, Learned, unserved_name};
 use crate::metrics::Metrics;

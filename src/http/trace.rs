@@ -108,7 +108,7 @@ pub fn record_outcome(outcome: Outcome) {
 
 /// Records on the current span what a `/v1/responses/compact` request of `model` came
 /// to: folded by foldgate as `report` says, or (`None`) nothing to fold.
-pub fn record_compact(model: &str, report: Option<&crate::compaction::Report>) {
+pub fn record_compact(model: &str, report: Option<&crate::conversation::Report>) {
     let current = span::current();
     if current.is_disabled() {
         return;

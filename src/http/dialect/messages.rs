@@ -22,7 +22,7 @@ use http::HeaderMap;
 use super::{Dialect, Prepared, Served};
 use crate::api::anthropic_edits;
 use crate::api::{self, Origins};
-use crate::compaction::tokens::Encoding;
+use crate::conversation::Encoding;
 use crate::conversation::{Measure, Rewritten};
 use crate::http::compaction_apis::{CompactionApis, rejects_field};
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};

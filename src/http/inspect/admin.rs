@@ -112,7 +112,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::SessionState;
+    use crate::conversation::SessionState;
     use crate::session::MemoryStore;
 
     fn admin(token: &str) -> Admin {

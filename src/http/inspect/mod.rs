@@ -17,8 +17,8 @@ use http::{HeaderMap, Response, StatusCode, header};
 
 use super::body::{ProxyBody, full};
 use super::error::ProxyError;
-use crate::compaction::{Change, SessionState};
 use crate::conversation::Decision;
+use crate::conversation::{Change, SessionState};
 use crate::session::record::{
     CHANGES_MAX, ChangeEntry, FoldEntry, RequestChanges, RequestEntry, UsageEntry, now_ms,
 };

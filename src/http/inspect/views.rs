@@ -2,8 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::compaction::SessionState;
-use crate::compaction::blocks::FoldBlock;
+use crate::conversation::{FoldBlock, SessionState};
 use crate::session::{Record, SessionKey, Summary};
 
 /// `GET /sessions`.

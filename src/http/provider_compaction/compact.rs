@@ -17,8 +17,8 @@ use serde_json::value::RawValue;
 
 use crate::api::compaction_item::{self, Sealed, open_items};
 use crate::api::{ListWriter, Origins};
-use crate::compaction::{FoldWhen, Options, WholeFold};
 use crate::config::ServedBy;
+use crate::conversation::{FoldWhen, Options, WholeFold};
 use crate::http::body::{BodyProgress, ProxyBody, full};
 use crate::http::dialect::Responses;
 use crate::http::error::ProxyError;

@@ -8,7 +8,7 @@ use crate::api::anthropic_edits::{
 };
 use crate::api::compaction_item::{self, Sealed};
 use crate::api::responses_output::{OutputItemInjector, insert_output_item};
-use crate::compaction::FoldWhen;
+use crate::conversation::FoldWhen;
 use crate::http::compaction_apis::CompactionApis;
 use crate::http::dialect::{Dialect, Served};
 use crate::http::turn::Turn;
