@@ -144,25 +144,8 @@ impl Turns {
             }
         };
         log_decision(&decision, false);
-        Some(Turn {
-            turns: self,
-            dialect,
-            metrics,
-            headers,
-            original,
-            parsed,
-            key,
-            model: model_label(&model_name),
-            model_name,
-            model_key,
-            learned,
-            decision,
-            overflow: None,
-            learned_window: false,
-            provider_api: None,
-            answer: None,
-            notes: Vec::new(),
-        })
+        let edge = Edge { turns: self, dialect, metrics, headers, original };
+        Some(Turn::new(edge, parsed, key, (model_name, model_key), learned, decision))
     }
 
     /// A turn for a request foldgate answers itself from the whole conversation (a
@@ -180,25 +163,10 @@ impl Turns {
         let (request, origins) = parse(dialect, original)?;
         let model_name = request.model().unwrap_or_default();
         let key = dialect.session_key(headers, &self.session_header, &request);
-        Some(Turn {
-            turns: self,
-            dialect,
-            metrics,
-            headers,
-            original,
-            parsed: Some((request, origins)),
-            key,
-            model: model_label(&model_name),
-            model_key: model_key(upstream, &model_name),
-            learned: None,
-            model_name,
-            decision: Decision::passthrough(),
-            overflow: None,
-            learned_window: false,
-            provider_api: None,
-            answer: None,
-            notes: Vec::new(),
-        })
+        let model_key = model_key(upstream, &model_name);
+        let edge = Edge { turns: self, dialect, metrics, headers, original };
+        let parsed = Some((request, origins));
+        Some(Turn::new(edge, parsed, key, (model_name, model_key), None, Decision::passthrough()))
     }
 
     /// Provider tokens per engine token for a conversation of `model` without a ratio of
@@ -214,6 +182,51 @@ pub fn caller<D: Dialect>(dialect: &D, headers: &HeaderMap) -> Caller {
         credential: Credential::from_headers(headers),
         summary_api: dialect.summary_api(headers),
         summary_headers: ClientHeaders::from_request(headers),
+    }
+}
+
+/// Where a turn's request came from: what every turn of the edge shares, its dialect,
+/// and the request's headers and body as received.
+struct Edge<'a, D> {
+    turns: &'a Turns,
+    dialect: &'a D,
+    metrics: &'a Arc<Metrics>,
+    headers: &'a HeaderMap,
+    original: &'a Bytes,
+}
+
+impl<'a, D: Dialect> Turn<'a, D> {
+    /// A turn of the request from `edge`, decided as `decision`; `names` are its model
+    /// as sent and its key among learned windows.
+    fn new(
+        edge: Edge<'a, D>,
+        parsed: Option<(Arc<ChatRequest>, D::Origins)>,
+        key: SessionKey,
+        names: (String, String),
+        learned: Option<usize>,
+        decision: Decision,
+    ) -> Self {
+        let Edge { turns, dialect, metrics, headers, original } = edge;
+        let (model_name, model_key) = names;
+        Self {
+            turns,
+            dialect,
+            metrics,
+            headers,
+            original,
+            parsed,
+            key,
+            model: model_label(&model_name),
+            model_name,
+            model_key,
+            learned,
+            decision,
+            overflow: None,
+            learned_window: false,
+            provider_api: None,
+            answer: None,
+            notes: Vec::new(),
+        }
     }
 }
 
