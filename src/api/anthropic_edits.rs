@@ -21,7 +21,7 @@ mod answer;
 mod clear;
 mod compacted;
 mod config;
-mod conversation;
+mod layout;
 mod stream;
 
 use bytes::Bytes;

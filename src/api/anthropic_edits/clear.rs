@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::config::{ClearThinking, ClearToolUses, ThinkingKeep, Trigger};
-use super::conversation::{Blk, Conversation, Msg, Splice, apply, read};
+use super::layout::{Blk, Layout, Msg, Splice, apply, read};
 use crate::api::json_text::{Object, splice};
 
 /// What a cleared `tool_result`'s content becomes.
@@ -119,7 +119,7 @@ pub fn clear_tool_uses(
 
 /// Every `tool_use` of the assistant messages, in order, with the first `tool_result`
 /// that answers it in a later user message.
-fn tool_uses<'c, 'a>(conversation: &'c Conversation<'a>) -> Vec<ToolUse<'c, 'a>> {
+fn tool_uses<'c, 'a>(conversation: &'c Layout<'a>) -> Vec<ToolUse<'c, 'a>> {
     let mut results: HashMap<&str, &Blk<'a>> = HashMap::new();
     for m in conversation.messages.iter().filter(|m| !m.assistant) {
         for b in m.blocks().iter().filter(|b| b.head.kind == "tool_result") {

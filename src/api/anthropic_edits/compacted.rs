@@ -15,7 +15,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::conversation::{Blk, Content, Head, Msg, read};
+use super::layout::{Blk, Content, Head, Msg, read};
 use crate::api::{ListWriter, Origins};
 use crate::model::DIGEST_MARKER;
 

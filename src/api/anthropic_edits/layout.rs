@@ -9,9 +9,9 @@ use serde_json::value::RawValue;
 
 use crate::api::json_text::{Object, array_items};
 
-/// The messages of a body.
+/// The layout of a body's messages: where each message and block lies in its text.
 #[derive(Debug)]
-pub struct Conversation<'a> {
+pub struct Layout<'a> {
     /// Where the `messages` array lies in the body.
     pub list: Range<usize>,
     /// The messages, in order.
@@ -100,14 +100,14 @@ impl<'a> Msg<'a> {
 /// Reads the messages of the body `text`; `None` when it is not a Messages body this
 /// understands (no `messages` array, a role other than `user` / `assistant`, a content
 /// that is neither a string nor an array of objects).
-pub fn read(text: &str) -> Option<Conversation<'_>> {
+pub fn read(text: &str) -> Option<Layout<'_>> {
     let top = Object::parse(text)?;
     let list = top.get("messages")?.value.clone();
     let mut messages = Vec::new();
     for (raw, range) in array_items(text.get(list.clone())?)? {
         messages.push(message(raw, list.start + range.start)?);
     }
-    Some(Conversation { list, messages })
+    Some(Layout { list, messages })
 }
 
 /// One message whose text `raw` starts at `at` in the body.
