@@ -273,7 +273,10 @@ fn without_cache_control(raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
             _ => {}
         }
     }
-    if memchr::memmem::find(raw, b"\"cache_control\"").is_none() {
+    // Built once: a searcher's setup costs more than scanning a message for it.
+    static FIELD: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"cache_control\""));
+    if FIELD.find(raw).is_none() {
         return std::borrow::Cow::Borrowed(raw);
     }
     match serde_json::from_slice::<serde_json::Value>(raw) {
