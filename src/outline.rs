@@ -34,6 +34,9 @@ pub struct MessageOutline {
     /// Strings in it that are exactly `file_data` (a file part with inline data, which
     /// may be a PDF counted by its pages rather than its bytes).
     pub file_mentions: usize,
+    /// Strings in it that are exactly `cache_control` (a prompt-cache breakpoint names
+    /// it once).
+    pub breakpoint_mentions: usize,
 }
 
 impl<'a> Outline<'a> {
@@ -120,12 +123,14 @@ impl<'a> Outline<'a> {
 
     /// The raw text of the first message with `role` (system also matches developer).
     pub fn first_with_role(&self, role: Role) -> Option<&'a [u8]> {
-        self.messages
-            .iter()
-            .find(|m| {
-                m.role == Some(role) || (role == Role::System && m.role == Some(Role::Developer))
-            })
-            .map(|m| self.raw(m))
+        self.first_message_with_role(role).map(|m| self.raw(m))
+    }
+
+    /// The outline of the first message with `role` (see [`Outline::first_with_role`]).
+    pub fn first_message_with_role(&self, role: Role) -> Option<&MessageOutline> {
+        self.messages.iter().find(|m| {
+            m.role == Some(role) || (role == Role::System && m.role == Some(Role::Developer))
+        })
     }
 }
 
@@ -167,12 +172,14 @@ struct Scanner<'a> {
     mentions: Mentions,
 }
 
-/// Strings seen so far that are exactly `image_url`, `arguments` and `file_data`.
+/// Strings seen so far that are exactly `image_url`, `arguments`, `file_data` and
+/// `cache_control`.
 #[derive(Debug, Clone, Copy, Default)]
 struct Mentions {
     images: usize,
     calls: usize,
     files: usize,
+    breakpoints: usize,
 }
 
 impl<'a> Scanner<'a> {
@@ -221,6 +228,7 @@ impl<'a> Scanner<'a> {
                     b"image_url" => self.mentions.images += 1,
                     b"arguments" => self.mentions.calls += 1,
                     b"file_data" => self.mentions.files += 1,
+                    b"cache_control" => self.mentions.breakpoints += 1,
                     _ => {}
                 }
                 return Some(());
@@ -332,6 +340,7 @@ impl<'a> Scanner<'a> {
                             image_mentions: self.mentions.images - before.images,
                             call_mentions: self.mentions.calls - before.calls,
                             file_mentions: self.mentions.files - before.files,
+                            breakpoint_mentions: self.mentions.breakpoints - before.breakpoints,
                         });
                     }
                 }
@@ -470,7 +479,7 @@ mod tests {
     #[test]
     fn mentions_are_what_a_search_of_the_text_finds() {
         let body = br#"{"model":"gpt-4o","messages":[
-            {"role":"user","content":[{"type":"text","text":"see \"image_url\" and arguments"},
+            {"role":"user","content":[{"type":"text","text":"see \"image_url\" and arguments","cache_control":{"type":"ephemeral"}},
                 {"type":"image_url","image_url":{"url":"https://x/y.png"}},
                 {"type":"file","file":{"filename":"a.pdf","file_data":"data:application/pdf;base64,JVBERi0="}}]},
             {"role":"assistant","content":null,"tool_calls":[
@@ -485,6 +494,7 @@ mod tests {
             .map(|m| (m.image_mentions, m.call_mentions, m.file_mentions))
             .collect();
         assert_eq!(counts, [(2, 0, 1), (0, 2, 0), (0, 0, 0), (0, 0, 0)]);
+        assert_eq!(outline.messages()[0].breakpoint_mentions, 1);
         for m in outline.messages() {
             let raw = outline.raw(m);
             let search = |needle: &[u8]| memchr::memmem::find_iter(raw, needle).count();
@@ -492,6 +502,7 @@ mod tests {
                 (m.image_mentions, m.call_mentions, m.file_mentions),
                 (search(b"\"image_url\""), search(b"\"arguments\""), search(b"\"file_data\""))
             );
+            assert_eq!(m.breakpoint_mentions, search(b"\"cache_control\""));
         }
         assert_eq!(outline.messages()[2].role, None);
         assert_eq!(outline.messages()[3].role, Some(Role::System));

@@ -92,6 +92,9 @@ pub struct Fingerprint<'a> {
     pub user: Option<&'a [u8]>,
     /// The client's own name for the conversation, if the body gives one.
     pub scope: Option<String>,
+    /// The first messages may carry prompt-cache breakpoints (`cache_control`), which
+    /// the fingerprint leaves out; `false` only when a scan saw none in them.
+    pub marked: bool,
 }
 
 /// [`Fingerprint`] with owned parts, as a dialect finds them without parsing a body.
@@ -166,6 +169,7 @@ pub fn session_key(
             system: first(Role::System),
             user: first(Role::User),
             scope: scope_of(|k| request.field(k).map(str::as_bytes)),
+            marked: true,
         }
     })
 }
@@ -176,11 +180,16 @@ pub fn session_key_of_outline(
     session_header: &SessionHeaders,
     outline: &Outline<'_>,
 ) -> SessionKey {
-    key(headers, session_header, || Fingerprint {
-        model: outline.model().unwrap_or_default(),
-        system: outline.first_with_role(Role::System),
-        user: outline.first_with_role(Role::User),
-        scope: scope_of(|k| outline.field(k)),
+    key(headers, session_header, || {
+        let system = outline.first_message_with_role(Role::System);
+        let user = outline.first_message_with_role(Role::User);
+        Fingerprint {
+            model: outline.model().unwrap_or_default(),
+            system: system.map(|m| outline.raw(m)),
+            user: user.map(|m| outline.raw(m)),
+            scope: scope_of(|k| outline.field(k)),
+            marked: [system, user].into_iter().flatten().any(|m| m.breakpoint_mentions > 0),
+        }
     })
 }
 
@@ -193,7 +202,13 @@ pub fn session_key_with(
     parts: impl FnOnce() -> Option<FingerprintParts>,
 ) -> Option<SessionKey> {
     if session_header.id(headers).is_some() {
-        let unused = || Fingerprint { model: String::new(), system: None, user: None, scope: None };
+        let unused = || Fingerprint {
+            model: String::new(),
+            system: None,
+            user: None,
+            scope: None,
+            marked: false,
+        };
         return Some(key(headers, session_header, unused));
     }
     let parts = parts()?;
@@ -202,6 +217,7 @@ pub fn session_key_with(
         system: parts.system.as_deref().map(str::as_bytes),
         user: parts.user.as_deref().map(str::as_bytes),
         scope: parts.scope,
+        marked: true,
     }))
 }
 
@@ -233,13 +249,13 @@ fn key<'a>(
             // keeps up with memory, and only its digest goes through SHA-256 with the
             // credential. A collision could only join two conversations of one tenant,
             // and a fold block is reused only where its messages match exactly.
-            let Fingerprint { model, system, user, scope } = fingerprint();
+            let Fingerprint { model, system, user, scope, marked } = fingerprint();
             let mut content = Xxh3::new();
             content.update(model.as_bytes());
             // Cache breakpoints move from request to request (Claude Code marks the newest
             // message): they are not part of what the conversation said.
-            let system = system.map(without_cache_control);
-            let user = user.map(without_cache_control);
+            let unmarked = |raw| if marked { without_cache_control(raw) } else { raw.into() };
+            let (system, user) = (system.map(unmarked), user.map(unmarked));
             for first in [system.as_deref(), user.as_deref()] {
                 content.update(b"\0");
                 content.update(&(first.map_or(0, <[u8]>::len) as u64).to_le_bytes());
