@@ -39,23 +39,28 @@ def targets(rel, line):
     return found
 
 
-def graph():
-    edges = {}
+def sources():
+    """Each source file's path under src/ and its code: no `#[cfg(test)]` part, no
+    comment lines."""
     for root, _, files in os.walk(SRC):
         for f in files:
             if not f.endswith(".rs"):
                 continue
             path = os.path.join(root, f)
             rel = os.path.relpath(path, SRC).replace(os.sep, "/")
-            src = module_of(rel)
-            text = open(path, encoding="utf-8").read()
-            text = text.split("#[cfg(test)]")[0]
-            for line in text.splitlines():
-                if line.lstrip().startswith("//"):
-                    continue
-                for dst in targets(rel, line):
-                    if dst != src:
-                        edges.setdefault(src, set()).add(dst)
+            text = open(path, encoding="utf-8").read().split("#[cfg(test)]")[0]
+            lines = [l for l in text.splitlines() if not l.lstrip().startswith("//")]
+            yield rel, lines
+
+
+def graph():
+    edges = {}
+    for rel, lines in sources():
+        src = module_of(rel)
+        for line in lines:
+            for dst in targets(rel, line):
+                if dst != src:
+                    edges.setdefault(src, set()).add(dst)
     return edges
 
 
@@ -132,24 +137,18 @@ def absolute(here, segments):
 
 def file_graph():
     edges = {}
-    for root, _, files in os.walk(SRC):
-        for f in files:
-            if not f.endswith(".rs"):
+    for rel, lines in sources():
+        text = "\n".join(lines)
+        here = module_path(rel)
+        paths = [p for m in re.finditer(r"\buse\s+([^;]+);", text) for p in use_paths(m.group(1))]
+        paths += [m.group(1).split("::") for m in re.finditer(r"\b((?:crate|super|self)(?:::\w+)+)", text)]
+        for segments in paths:
+            target = absolute(here, segments) if segments else None
+            if target is None:
                 continue
-            path = os.path.join(root, f)
-            rel = os.path.relpath(path, SRC).replace(os.sep, "/")
-            text = open(path, encoding="utf-8").read().split("#[cfg(test)]")[0]
-            text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("//"))
-            here = module_path(rel)
-            paths = [p for m in re.finditer(r"\buse\s+([^;]+);", text) for p in use_paths(m.group(1))]
-            paths += [m.group(1).split("::") for m in re.finditer(r"\b((?:crate|super|self)(?:::\w+)+)", text)]
-            for segments in paths:
-                target = absolute(here, segments) if segments else None
-                if target is None:
-                    continue
-                dst = file_of(target)
-                if dst != rel:
-                    edges.setdefault(rel, set()).add(dst)
+            dst = file_of(target)
+            if dst != rel:
+                edges.setdefault(rel, set()).add(dst)
     return edges
 
 

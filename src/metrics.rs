@@ -7,44 +7,17 @@
 
 use std::sync::OnceLock;
 
-use crate::vocab::{CompactionApi, FailureReason, Outcome, StoreOp, SummarizerKind, Tier};
+use crate::vocab::{
+    CompactionApi, ContentCoding, FailureReason, Outcome, StoreOp, SummarizerKind, Tier,
+};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
 };
 
-/// The `Content-Encoding` of a compressed request body, as a metric label (several
-/// codings count as the outermost).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyEncoding {
-    /// `gzip`.
-    Gzip,
-    /// `deflate`.
-    Deflate,
-    /// `br`.
-    Brotli,
-    /// `zstd`.
-    Zstd,
-    /// Any coding foldgate does not decode.
-    Unknown,
-}
-
-impl BodyEncoding {
-    /// Every encoding label.
-    pub const ALL: [Self; 5] = [Self::Gzip, Self::Deflate, Self::Brotli, Self::Zstd, Self::Unknown];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Gzip => "gzip",
-            Self::Deflate => "deflate",
-            Self::Brotli => "br",
-            Self::Zstd => "zstd",
-            Self::Unknown => "unknown",
-        }
-    }
-}
+/// The `encoding` label of a coding foldgate does not decode.
+const UNKNOWN_CODING: &str = "unknown";
 
 /// What became of a compressed request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -661,9 +634,10 @@ impl Metrics {
             self.learned_windows.with_label_values(&[event.as_str()]);
         }
         self.store_failovers.with_label_values(&[] as &[&str]);
-        for encoding in BodyEncoding::ALL {
+        let encodings = ContentCoding::ALL.map(|c| c.as_str());
+        for encoding in encodings.into_iter().chain([UNKNOWN_CODING]) {
             for result in DecodeResult::ALL {
-                self.encoded_bodies.with_label_values(&[encoding.as_str(), result.as_str()]);
+                self.encoded_bodies.with_label_values(&[encoding, result.as_str()]);
             }
         }
         for api in CompactionApi::ALL {
@@ -760,10 +734,11 @@ impl Metrics {
         self.provider_compactions.with_label_values(&[api.as_str(), served_by]).inc();
     }
 
-    /// Counts a compressed request body of a compacted route by its encoding and what
-    /// became of it.
-    pub fn encoded_body(&self, encoding: BodyEncoding, result: DecodeResult) {
-        self.encoded_bodies.with_label_values(&[encoding.as_str(), result.as_str()]).inc();
+    /// Counts a compressed request body of a compacted route by its (outermost) coding,
+    /// `None` for one foldgate does not know, and what became of it.
+    pub fn encoded_body(&self, coding: Option<ContentCoding>, result: DecodeResult) {
+        let encoding = coding.map_or(UNKNOWN_CODING, ContentCoding::as_str);
+        self.encoded_bodies.with_label_values(&[encoding, result.as_str()]).inc();
     }
 
     /// Counts `files` re-read on `route` (see [`Metrics::trail_rereads`]).

@@ -7,6 +7,34 @@
 
 use serde::{Deserialize, Serialize, Serializer};
 
+/// A content coding of a request body that foldgate decodes (`Content-Encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentCoding {
+    /// `gzip` (or `x-gzip`): one gzip member or several.
+    Gzip,
+    /// `deflate`: zlib-wrapped as RFC 9110 says, or raw deflate as some clients send.
+    Deflate,
+    /// `br`: Brotli.
+    Brotli,
+    /// `zstd`: one Zstandard frame or several.
+    Zstd,
+}
+
+impl ContentCoding {
+    /// Every coding.
+    pub const ALL: [Self; 4] = [Self::Gzip, Self::Deflate, Self::Brotli, Self::Zstd];
+
+    /// The coding's `Content-Encoding` token: the metric label and the name in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gzip => "gzip",
+            Self::Deflate => "deflate",
+            Self::Brotli => "br",
+            Self::Zstd => "zstd",
+        }
+    }
+}
+
 /// The providers' own compaction APIs, which foldgate serves for upstreams without them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

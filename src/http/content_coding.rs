@@ -11,39 +11,16 @@ use std::io::Read;
 use http::HeaderMap;
 use http::header::CONTENT_ENCODING;
 
-/// A content coding foldgate decodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Coding {
-    /// `gzip` (or `x-gzip`): one gzip member or several.
-    Gzip,
-    /// `deflate`: zlib-wrapped as RFC 9110 says, or raw deflate as some clients send.
-    Deflate,
-    /// `br`: Brotli.
-    Brotli,
-    /// `zstd`: one Zstandard frame or several.
-    Zstd,
-}
+pub use crate::vocab::ContentCoding as Coding;
 
-impl Coding {
-    /// The coding a `Content-Encoding` token names; `None` for an unknown one.
-    fn from_token(token: &str) -> Option<Self> {
-        match token.to_ascii_lowercase().as_str() {
-            "gzip" | "x-gzip" => Some(Self::Gzip),
-            "deflate" => Some(Self::Deflate),
-            "br" => Some(Self::Brotli),
-            "zstd" => Some(Self::Zstd),
-            _ => None,
-        }
-    }
-
-    /// The coding's name, as a metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Gzip => "gzip",
-            Self::Deflate => "deflate",
-            Self::Brotli => "br",
-            Self::Zstd => "zstd",
-        }
+/// The coding a `Content-Encoding` token names; `None` for an unknown one.
+fn coding_of(token: &str) -> Option<Coding> {
+    match token.to_ascii_lowercase().as_str() {
+        "gzip" | "x-gzip" => Some(Coding::Gzip),
+        "deflate" => Some(Coding::Deflate),
+        "br" => Some(Coding::Brotli),
+        "zstd" => Some(Coding::Zstd),
+        _ => None,
     }
 }
 
@@ -69,7 +46,7 @@ pub fn encoding(headers: &HeaderMap) -> Encoding {
             if token.eq_ignore_ascii_case("identity") {
                 continue;
             }
-            match Coding::from_token(token) {
+            match coding_of(token) {
                 Some(coding) => codings.push(coding),
                 None => return Encoding::Unknown(token.to_owned()),
             }

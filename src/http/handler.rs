@@ -50,23 +50,10 @@ pub async fn handle<D: Dialect>(
     let started = Instant::now();
     let Some(original) = received.content() else {
         // Compressed in a way foldgate cannot undo: forwarded as received, uncompacted.
-        record_untaken(metrics, dialect.route(), Outcome::NotChat);
-        let out = Outgoing {
-            dialect,
-            upstream,
-            metrics,
-            parts: &parts,
-            headers: &parts.headers,
-            received: &received,
-        };
-        let response = out.send(started, received.raw().clone()).await?;
-        return Ok(tapped(
-            client_response(response),
-            metrics,
-            None,
-            team_of(metrics, &parts.headers),
-            None,
-        ));
+        let headers = &parts.headers;
+        let out =
+            Outgoing { dialect, upstream, metrics, parts: &parts, headers, received: &received };
+        return out.untaken(started, received.raw().clone()).await;
     };
     let api = dialect.provider_api();
     let provider = &turns.provider;
@@ -132,10 +119,7 @@ impl<D: Dialect> Exchange<'_, D> {
         let turn = turns.begin(dialect, upstream.name(), &headers, &prepared.body, metrics);
         let Some(mut turn) = turn.await else {
             // A body foldgate does not understand goes as it is; the upstream answers.
-            record_untaken(metrics, dialect.route(), Outcome::NotChat);
-            let response = out.send(started, prepared.body).await?;
-            let response = tapped(client_response(response), metrics, None, team, None);
-            return Ok(Attempt::Answered(response));
+            return out.untaken(started, prepared.body).await.map(Attempt::Answered);
         };
         let addition = match &prepared.served {
             Some(served) => on_request::serve(&mut turn, served, &turns.provider, metrics).await,
@@ -180,9 +164,9 @@ impl<D: Dialect> Exchange<'_, D> {
 struct Outgoing<'a, D> {
     dialect: &'a D,
     upstream: &'a Upstream,
-    metrics: &'a Metrics,
+    metrics: &'a Arc<Metrics>,
     parts: &'a http::request::Parts,
-    /// The headers to send (the client's, see [`forwarded_headers`]).
+    /// The headers to send (the client's, see [`Dialect::forwarded_headers`]).
     headers: &'a HeaderMap,
     /// The body as received: a body sent unchanged goes as received (compressed as it
     /// came), a changed one identity-encoded.
@@ -190,6 +174,19 @@ struct Outgoing<'a, D> {
 }
 
 impl<D: Dialect> Outgoing<'_, D> {
+    /// Sends `body`, which foldgate does not understand, as it is and counts it
+    /// (`not_chat`); the upstream's answer comes back through the usage tap.
+    async fn untaken(
+        &self,
+        started: Instant,
+        body: Bytes,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        record_untaken(self.metrics, self.dialect.route(), Outcome::NotChat);
+        let response = self.send(started, body).await?;
+        let team = team_of(self.metrics, &self.parts.headers);
+        Ok(tapped(client_response(response), self.metrics, None, team, None))
+    }
+
     /// Sends `body` upstream with the client's method and path; `started` is when
     /// foldgate began working on it (for the overhead metric).
     async fn send(

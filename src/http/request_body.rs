@@ -11,10 +11,10 @@ use http::header::CONTENT_ENCODING;
 use hyper::body::Incoming;
 
 use super::body::{BodyProgress, read_limited};
-use super::content_coding::{self, Coding, DecodeError, Encoding};
+use super::content_coding::{self, DecodeError, Encoding};
 use super::error::ProxyError;
 use super::passthrough::declared_length;
-use crate::metrics::{BodyEncoding, DecodeResult, Metrics};
+use crate::metrics::{DecodeResult, Metrics};
 
 /// A request body as received, and its content when foldgate can read it.
 pub struct ReceivedBody {
@@ -76,12 +76,12 @@ pub async fn read(
         }
         Encoding::Unknown(token) => {
             tracing::debug!(encoding = %token, "unknown Content-Encoding: forwarded as received");
-            metrics.encoded_body(BodyEncoding::Unknown, DecodeResult::Unreadable);
+            metrics.encoded_body(None, DecodeResult::Unreadable);
             return Ok(ReceivedBody { raw, content: None, decoded: false });
         }
         Encoding::Coded(codings) => codings,
     };
-    let label = codings.last().map_or(BodyEncoding::Unknown, |&c| label(c));
+    let label = codings.last().copied();
     match content_coding::decode(&raw, &codings, limit) {
         Ok(decoded) => {
             metrics.encoded_body(label, DecodeResult::Decoded);
@@ -96,15 +96,5 @@ pub async fn read(
             metrics.encoded_body(label, DecodeResult::Unreadable);
             Ok(ReceivedBody { raw, content: None, decoded: false })
         }
-    }
-}
-
-/// The metric label of `coding`.
-fn label(coding: Coding) -> BodyEncoding {
-    match coding {
-        Coding::Gzip => BodyEncoding::Gzip,
-        Coding::Deflate => BodyEncoding::Deflate,
-        Coding::Brotli => BodyEncoding::Brotli,
-        Coding::Zstd => BodyEncoding::Zstd,
     }
 }
