@@ -12,10 +12,10 @@ use crate::compaction::{Engine, SessionState};
 use crate::config::{Config, ServedBy, StoreKind};
 use crate::conversation::{Conversations, Setup, Sharing, Summarizers};
 use crate::http::Server;
-use crate::http::compaction_apis::CompactionApis;
+use crate::http::exchange::CompactedRoutes;
 use crate::http::inspect::Inspector;
+use crate::http::provider_compaction::CompactionApis;
 use crate::http::server::{Listeners, ServerError};
-use crate::http::turn::Turns;
 use crate::metrics::{Metrics, Teams};
 use crate::session::{
     MemoryStore, Observed, RedisOptions, RedisStore, SessionStore, redis::RedisSetupError,
@@ -49,8 +49,8 @@ pub enum AppError {
 /// Builds the chat pipeline (engine, store, summarizer) and binds the server, which
 /// then runs on the caller's runtime (tests, embedding).
 pub async fn build_server(config: &Config) -> Result<Server, AppError> {
-    let (turns, metrics) = build_pipeline(config, None)?;
-    Ok(Server::bind(config, turns, metrics).await?)
+    let (compacted, metrics) = build_pipeline(config, None)?;
+    Ok(Server::bind(config, compacted, metrics).await?)
 }
 
 /// The chat pipeline and the metrics every connection thread shares. Compaction runs on
@@ -58,7 +58,7 @@ pub async fn build_server(config: &Config) -> Result<Server, AppError> {
 fn build_pipeline(
     config: &Config,
     compaction_runtime: Option<tokio::runtime::Handle>,
-) -> Result<(Turns, Arc<Metrics>), AppError> {
+) -> Result<(CompactedRoutes, Arc<Metrics>), AppError> {
     let m = &config.metrics;
     let teams =
         (!m.team_header.is_empty()).then(|| Teams::new(&m.team_header, &m.teams, m.max_teams));
@@ -72,9 +72,6 @@ fn build_pipeline(
     };
     let session_header =
         SessionHeaders::new(config.session.header.names()).map_err(AppError::SessionHeader)?;
-    let inspector = config.admin.enabled().then(|| {
-        Arc::new(Inspector::new(store.clone(), config.admin.history, config.admin.tenant_view))
-    });
     let conversations = Conversations::from_setup(Setup {
         engine: Engine::new(config.compaction.clone()),
         store,
@@ -90,14 +87,18 @@ fn build_pipeline(
         metrics: Some(metrics.clone()),
         runtime: compaction_runtime,
     });
-    let turns = Turns {
+    let inspector = config.admin.enabled().then(|| {
+        let inspection = conversations.inspection(config.admin.history);
+        Arc::new(Inspector::new(inspection, config.admin.tenant_view))
+    });
+    let compacted = CompactedRoutes {
         conversations,
         session_header,
         enabled: config.compaction.enabled,
         inspector,
-        provider: Arc::new(provider_apis(config)),
+        compaction_apis: Arc::new(provider_apis(config)),
     };
-    Ok((turns, metrics))
+    Ok((compacted, metrics))
 }
 
 /// Who serves the providers' compaction APIs, and the key sealing foldgate's items.
@@ -175,7 +176,7 @@ fn run(config: &Config) -> Result<(), AppError> {
         .enable_all()
         .build()
         .map_err(AppError::Runtime)?;
-    let (turns, metrics) = {
+    let (compacted, metrics) = {
         // The LLM summarizer's client needs a runtime context to be built.
         let _context = compaction.enter();
         build_pipeline(config, Some(compaction.handle().clone()))?
@@ -188,7 +189,7 @@ fn run(config: &Config) -> Result<(), AppError> {
     for index in 0..workers {
         let listeners = if index == 0 { listeners.share_all() } else { listeners.share() };
         let listeners = listeners.map_err(AppError::Runtime)?;
-        let (config, turns, metrics) = (config.clone(), turns.clone(), metrics.clone());
+        let (config, compacted, metrics) = (config.clone(), compacted.clone(), metrics.clone());
         let (mut stopped, started) = (stopped.clone(), started_tx.clone());
         let thread = std::thread::Builder::new()
             .name(format!("foldgate-conn-{index}"))
@@ -199,10 +200,11 @@ fn run(config: &Config) -> Result<(), AppError> {
                         Err(e) => return drop(started.send(Err(AppError::Runtime(e)))),
                     };
                 runtime.block_on(async move {
-                    let server = match Server::on(&config, listeners, turns, metrics, index == 0) {
-                        Ok(server) => server,
-                        Err(e) => return drop(started.send(Err(e.into()))),
-                    };
+                    let server =
+                        match Server::on(&config, listeners, compacted, metrics, index == 0) {
+                            Ok(server) => server,
+                            Err(e) => return drop(started.send(Err(e.into()))),
+                        };
                     // Dropping the sender lets `run` see a thread that died before this.
                     let _ = started.send(Ok(()));
                     drop(started);

@@ -35,10 +35,7 @@ const ARROWS: [(&str, &[&str]); 9] = [
     ("src/conversation", &["crate::http", "crate::api", "crate::app", "crate::commands"]),
     ("src/api", &["crate::conversation", "crate::http", "crate::session"]),
     // Dialects are stateless shapes: they never walk a request themselves.
-    (
-        "src/http/dialect",
-        &["super::turn", "super::handler", "crate::http::turn", "crate::http::handler"],
-    ),
+    ("src/http/dialect", &["super::exchange", "crate::http::exchange"]),
 ];
 
 fn rust_files(path: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -114,6 +111,52 @@ fn the_edge_reaches_the_engine_only_through_the_conversation_stage() {
         }
     }
     assert!(offenders.is_empty(), "the edge names the engine:\n{}", offenders.join("\n"));
+}
+
+#[test]
+fn at_the_edge_only_the_recorder_writes_metrics() {
+    // Every per-request metric is written once, by the exchange's recorder, from what the
+    // exchange learned; the rest of the edge passes `Metrics` on and renders it.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let metrics = std::fs::read_to_string(root.join("src/metrics.rs")).unwrap();
+    let definition = metrics.split("pub struct Metrics {").nth(1).unwrap();
+    let fields = definition.split("\n}").next().unwrap();
+    let reading = ["render", "team", "team_header", "new", "with_teams"];
+    let writers: Vec<String> = fields
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("pub ")?.split(':').next())
+        .chain(
+            metrics
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix("pub fn ")?.split(['(', '<']).next()),
+        )
+        .filter(|name| !reading.contains(name))
+        .map(|name| format!("metrics.{name}"))
+        .collect();
+    assert!(writers.len() > 20, "the writers of metrics.rs are found: {writers:?}");
+    let mut files = Vec::new();
+    rust_files(&root.join("src/http"), &mut files);
+    let mut offenders = Vec::new();
+    for file in files.iter().filter(|f| !f.ends_with("src/http/record.rs")) {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for line in code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
+            let written = writers.iter().find(|w| {
+                line.match_indices(w.as_str()).any(|(at, _)| {
+                    let next = line[at + w.len()..].chars().next();
+                    !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                })
+            });
+            if let Some(written) = written {
+                offenders.push(format!("{}: {written}: {line}", file.display()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "metrics written outside the recorder:\n{}",
+        offenders.join("\n")
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use foldgate::api::anthropic_edits::{self, apply_clearing, without_context_management};
@@ -20,19 +20,17 @@ use foldgate::compaction::check::verify;
 use foldgate::compaction::{Engine, Forward, Options, SessionState};
 use foldgate::config::CompactionConfig;
 use foldgate::conversation::Rewritten;
-use foldgate::http::compaction_apis::rejects_field;
 use foldgate::http::content_coding::{self, Coding};
 use foldgate::http::dialect::overflow::MIN_STATED_WINDOW;
-use foldgate::http::dialect::{ChatCompletions, Dialect, Messages, Responses};
+use foldgate::http::dialect::{ChatCompletions, Dialect, Messages, OverflowSignals, Responses};
+use foldgate::http::provider_compaction::{CompactionFamily, MessagesContext, rejects_field};
 use foldgate::http::session_key::SessionHeaders;
 use foldgate::http::sse::Events;
-use foldgate::http::usage_tap::{Usage, tapped};
-use foldgate::metrics::Metrics;
+use foldgate::http::usage::{Usage, UsageReader};
 use foldgate::model::{ChatRequest, Role};
 use foldgate::outline::{Outline, array_elements};
 use foldgate::summarizer::ExtractiveSummarizer;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use http_body_util::BodyExt;
 
 /// A target's check of one input.
 pub type Check = fn(&[u8]);
@@ -163,8 +161,8 @@ pub fn sse_events(data: &[u8]) {
     assert_eq!(split, whole, "the same events however the stream is split");
 }
 
-/// The usage tap: the answer's bytes pass unchanged, and the usage it reads is the same
-/// however the body is split; JSON or SSE by the input's first byte.
+/// The usage reader: the usage it reads is the same however the body is split; JSON or
+/// SSE by the input's first byte.
 pub fn usage_tap(data: &[u8]) {
     let (sizes, body) = split(data);
     let content_type = match sizes.first() {
@@ -176,56 +174,33 @@ pub fn usage_tap(data: &[u8]) {
     assert_eq!(split, whole, "the same usage however the body is split");
 }
 
-/// The usage the tap hands on for `body` sent in chunks of `sizes`.
-fn tap(content_type: &str, body: &[u8], sizes: &[usize]) -> Option<Option<Usage>> {
-    let chunks: Vec<Bytes> = {
-        let mut start = 0;
-        let ends = chunk_ends(sizes, body.len());
-        ends.into_iter()
-            .map(|end| {
-                let chunk = Bytes::copy_from_slice(&body[start..end]);
-                start = end;
-                chunk
-            })
-            .collect()
-    };
-    let frames = chunks
-        .into_iter()
-        .map(|c| Ok::<_, Box<dyn std::error::Error + Send + Sync>>(hyper::body::Frame::data(c)));
-    let stream = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
-    let mut response = http::Response::new(stream.boxed_unsync());
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, HeaderValue::from_str(content_type).unwrap());
-    let found = Arc::new(Mutex::new(None));
-    let sink = found.clone();
-    let on_usage = Box::new(move |usage| *sink.lock().unwrap() = Some(usage));
-    let metrics = Arc::new(Metrics::new().unwrap());
-    let passed = runtime().block_on(async {
-        let tapped = tapped(response, &metrics, Some("gpt-4o"), None, Some(on_usage));
-        let bytes = tapped.into_body().collect().await.unwrap().to_bytes();
-        // The tap hands usage on from a task of its own, after the body ended.
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
-        }
-        bytes
-    });
-    assert_eq!(passed, body, "bytes pass unchanged");
-    *found.lock().unwrap()
+/// The usage a reader finds in `body` read in chunks of `sizes`.
+fn tap(content_type: &str, body: &[u8], sizes: &[usize]) -> Option<Usage> {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_str(content_type).unwrap());
+    let mut reader = UsageReader::for_answer(&headers);
+    let mut start = 0;
+    for end in chunk_ends(sizes, body.len()) {
+        reader.observe(&Bytes::copy_from_slice(&body[start..end]));
+        start = end;
+    }
+    reader.finish().map(|(usage, _)| usage)
 }
 
 /// The readers of upstream error answers: overflow, the window stated, and a field
 /// rejected; they only read.
 pub fn error_readers(data: &[u8]) {
-    for overflow in
-        [ChatCompletions.is_overflow(data), Responses.is_overflow(data), Messages.is_overflow(data)]
-    {
+    for overflow in [
+        ChatCompletions.overflow().is_overflow(data),
+        Responses.overflow().is_overflow(data),
+        Messages.overflow().is_overflow(data),
+    ] {
         let _ = overflow;
     }
     for window in [
-        ChatCompletions.stated_window(data),
-        Responses.stated_window(data),
-        Messages.stated_window(data),
+        ChatCompletions.overflow().stated_window(data),
+        Responses.overflow().stated_window(data),
+        Messages.overflow().stated_window(data),
     ]
     .into_iter()
     .flatten()
@@ -233,7 +208,7 @@ pub fn error_readers(data: &[u8]) {
         assert!(window >= MIN_STATED_WINDOW, "a stated window is a plausible size: {window}");
     }
     let _ = rejects_field(data, "context_management");
-    let _ = Messages.rejects_provider_compaction(data);
+    let _ = MessagesContext.refuses(http::StatusCode::BAD_REQUEST, data);
 }
 
 /// The session key: the input's first line is headers (`name: value` separated by

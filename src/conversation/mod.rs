@@ -12,6 +12,7 @@ mod background;
 mod counts;
 mod decision;
 mod gate;
+mod inspection;
 mod lease;
 mod quick;
 mod summarizers;
@@ -30,6 +31,7 @@ use tracing::Instrument;
 
 use self::counts::LocalCounts;
 pub use self::decision::{Decision, Rewritten};
+pub use self::inspection::{EdgeFacts, Inspection, PendingRecord};
 pub use self::quick::{Measure, below, byte_bound};
 pub use self::summarizers::Summarizers;
 use self::transaction::log_store_error;
@@ -197,14 +199,29 @@ impl Conversations {
         Self { inner: Arc::new(inner) }
     }
 
+    /// The inspection of this stage's conversations, keeping `history` requests each.
+    pub fn inspection(&self, history: usize) -> Inspection {
+        Inspection::new(self.inner.store.clone(), history)
+    }
+
     /// The engine.
-    pub fn engine(&self) -> &Engine {
+    fn engine(&self) -> &Engine {
         &self.inner.engine
     }
 
-    /// The session store.
-    pub fn store(&self) -> &Arc<dyn SessionStore<SessionState>> {
-        &self.inner.store
+    /// The conversations in the store (as far as this replica knows).
+    pub fn active_sessions(&self) -> usize {
+        self.inner.store.active_sessions()
+    }
+
+    /// How many failovers of the store this replica has seen.
+    pub fn failovers_seen(&self) -> u64 {
+        self.inner.store.failovers_seen()
+    }
+
+    /// Drops expired conversations; how many were dropped.
+    pub fn sweep(&self) -> usize {
+        self.inner.store.sweep()
     }
 
     /// Compacts `request` of conversation `key` from `caller`, with the summarizer the

@@ -124,7 +124,11 @@ fn zstd_frames(mut input: &[u8], limit: u64) -> Result<Vec<u8>, DecodeError> {
             Err(e) => return Err(invalid(e.to_string())),
         };
         let frame = bounded(decoder, room).map_err(|s| s.into_error(Coding::Zstd, limit))?;
-        out.extend_from_slice(&frame);
+        if out.is_empty() {
+            out = frame;
+        } else {
+            out.extend_from_slice(&frame);
+        }
     }
     Ok(out)
 }
@@ -147,12 +151,30 @@ impl Bounded {
     }
 }
 
-/// Reads `reader` to its end, failing once more than `limit` bytes would come out (one
-/// byte past the limit is read to tell, never more).
-fn bounded(reader: impl Read, limit: u64) -> Result<Vec<u8>, Bounded> {
+/// Reads `reader` to its end, failing once more than `limit` bytes would come out (at
+/// most one read of 64 KiB past the limit tells, and is never kept).
+fn bounded(mut reader: impl Read, limit: u64) -> Result<Vec<u8>, Bounded> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut out = Vec::new();
-    reader.take(limit.saturating_add(1)).read_to_end(&mut out).map_err(Bounded::Io)?;
-    if out.len() as u64 > limit { Err(Bounded::TooLarge) } else { Ok(out) }
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Bounded::Io(e)),
+        };
+        if n > limit - out.len() {
+            return Err(Bounded::TooLarge);
+        }
+        // Grown by doubling as `Vec` does, but never past the limit: a bomb stopped at
+        // the limit holds the limit, not twice it.
+        if out.capacity() - out.len() < n {
+            let wanted = (out.capacity() * 2).max(out.len() + n).min(limit);
+            out.reserve_exact(wanted - out.len());
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,14 @@
-//! The edge: listener, tower stack, router, the one handler of compacted routes (and the
-//! turn it walks a request through), passthrough, upstream pool, and the dialects (the
-//! API shapes at the edge). The only module that imports hyper, http and tower (with
+//! The edge: listener, tower stack, router, the exchange every request of a compacted
+//! route goes through (and its recorder), passthrough, upstream pool, the dialects (the
+//! API shapes at the edge) and the providers' compaction APIs. The only module that imports hyper, http and tower (with
 //! the model summarizer's own small client).
 
 mod body;
-pub mod compaction_apis;
 mod connections;
 pub mod content_coding;
 pub mod dialect;
 mod error;
-pub mod handler;
+pub mod exchange;
 mod headers;
 pub mod inspect;
 pub mod layers;
@@ -17,15 +16,15 @@ mod linger;
 mod overflow;
 mod passthrough;
 pub mod provider_compaction;
+pub mod record;
 mod request_body;
 mod routes;
 pub mod server;
 pub mod session_key;
 pub mod sse;
 pub mod trace;
-pub mod turn;
 pub mod upstream;
-pub mod usage_tap;
+pub mod usage;
 
 pub use body::ProxyBody;
 pub use error::ProxyError;

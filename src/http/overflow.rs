@@ -1,8 +1,8 @@
 //! Reading an upstream's answer as far as it takes to tell whether it reports a context
 //! overflow, before any byte of it reaches the client, so that the handler can retry:
 //!
-//! - an error status that [may be an overflow](Dialect::may_overflow): its body, whole;
-//! - for a dialect whose providers report overflows inside a 200 event stream (the
+//! - an error status that [may be an overflow](OverflowSignals::may_overflow): its body, whole;
+//! - for an API whose providers report overflows inside a 200 event stream (the
 //!   Responses API: `response.created`, `response.in_progress`, then `response.failed`
 //!   with `context_length_exceeded`): the stream's leading events, held while they tell
 //!   nothing ([`StreamEvent::Leading`]), up to and including the first that does. Those
@@ -17,7 +17,7 @@ use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap};
 use http::{Response, StatusCode};
 
 use super::body::{ProxyBody, full, hold, peek};
-use super::dialect::{Dialect, StreamEvent};
+use super::dialect::{OverflowSignals, StreamEvent};
 use super::sse::Events;
 
 /// Error bodies, and the leading events of a stream, larger than this are passed through
@@ -33,18 +33,22 @@ pub struct Read {
     pub error: Option<Bytes>,
 }
 
-/// Reads `response` (the first answer to a request of `dialect`'s shape) as far as it
-/// tells whether it may report an overflow. A stream is held only when the request
+/// Reads `response` (the first answer to a request whose providers report overflows as
+/// `signals` says) as far as it tells whether it may report an overflow. A stream is held only when the request
 /// could be retried (`retryable`): an error body is read either way, as the window it
 /// states is learned even when the request cannot be sent again.
-pub async fn read<D: Dialect>(dialect: &D, response: Response<ProxyBody>, retryable: bool) -> Read {
+pub async fn read<O: OverflowSignals>(
+    signals: &O,
+    response: Response<ProxyBody>,
+    retryable: bool,
+) -> Read {
     let status = response.status();
-    if dialect.may_overflow(status) {
+    if signals.may_overflow(status) {
         return error_body(response).await;
     }
-    let stream = status == StatusCode::OK && dialect.overflows_in_stream();
+    let stream = status == StatusCode::OK && signals.overflows_in_stream();
     if retryable && stream && is_events(response.headers()) {
-        return leading_events(dialect, response).await;
+        return leading_events(signals, response).await;
     }
     Read { response, error: None }
 }
@@ -69,13 +73,13 @@ fn is_events(headers: &HeaderMap) -> bool {
 
 /// A stream's events up to the first that is not [`StreamEvent::Leading`]: the error it
 /// reports when it is a failure.
-async fn leading_events<D: Dialect>(dialect: &D, response: Response<ProxyBody>) -> Read {
+async fn leading_events<O: OverflowSignals>(signals: &O, response: Response<ProxyBody>) -> Read {
     let (head, body) = response.into_parts();
     let mut events = Events::default();
     let mut told = None;
     let held = hold(body, OVERFLOW_PEEK_LIMIT, |read| {
         while let Some(event) = events.next(read) {
-            match dialect.stream_event(&event) {
+            match signals.stream_event(&event) {
                 StreamEvent::Leading => {}
                 telling => {
                     told = Some(telling);
@@ -97,7 +101,8 @@ async fn leading_events<D: Dialect>(dialect: &D, response: Response<ProxyBody>) 
 mod tests {
     use super::*;
     use crate::http::body::BoxError;
-    use crate::http::dialect::{ChatCompletions, Responses};
+    use crate::http::dialect::overflow::OpenAiOverflow;
+    use crate::http::dialect::responses::ResponsesOverflow;
     use bytes::Bytes;
     use http_body::Frame;
     use http_body_util::BodyExt;
@@ -125,23 +130,23 @@ mod tests {
     #[tokio::test]
     async fn a_failed_stream_reports_its_error_and_is_kept_whole() {
         let chunks = [CREATED, &IN_PROGRESS[..20], &IN_PROGRESS[20..], FAILED];
-        let read = read(&Responses, stream(&chunks), true).await;
+        let read = read(&ResponsesOverflow, stream(&chunks), true).await;
         let error = read.error.clone().unwrap();
-        assert!(Responses.is_overflow(&error), "{}", String::from_utf8_lossy(&error));
+        assert!(ResponsesOverflow.is_overflow(&error), "{}", String::from_utf8_lossy(&error));
         assert_eq!(bytes_of(read).await, chunks.concat());
     }
 
     #[tokio::test]
     async fn a_stream_under_way_reports_nothing_and_passes_unchanged() {
         let chunks = [CREATED, IN_PROGRESS, DELTA, FAILED];
-        let read = read(&Responses, stream(&chunks), true).await;
+        let read = read(&ResponsesOverflow, stream(&chunks), true).await;
         assert_eq!(read.error, None);
         assert_eq!(bytes_of(read).await, chunks.concat());
         // Other dialects never hold a stream.
-        let read = super::read(&ChatCompletions, stream(&[CREATED, FAILED]), true).await;
+        let read = super::read(&OpenAiOverflow, stream(&[CREATED, FAILED]), true).await;
         assert_eq!(read.error, None);
         // Nor is the stream of a request that cannot be retried.
-        let read = super::read(&Responses, stream(&[CREATED, FAILED]), false).await;
+        let read = super::read(&ResponsesOverflow, stream(&[CREATED, FAILED]), false).await;
         assert_eq!(read.error, None);
     }
 
@@ -149,7 +154,7 @@ mod tests {
     async fn leading_events_are_held_only_up_to_the_limit() {
         let padding = format!(": {}\n\n", "x".repeat(OVERFLOW_PEEK_LIMIT));
         let chunks = [CREATED, padding.as_str(), FAILED];
-        let read = read(&Responses, stream(&chunks), true).await;
+        let read = read(&ResponsesOverflow, stream(&chunks), true).await;
         assert_eq!(read.error, None, "the failure came after the limit");
         assert_eq!(bytes_of(read).await, chunks.concat());
     }

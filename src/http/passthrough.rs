@@ -10,36 +10,41 @@ use hyper::body::Incoming;
 use super::body::{BodyProgress, Limited, ProxyBody, boxed};
 use super::error::ProxyError;
 use super::headers::strip_hop_by_hop;
+use super::record::{AnswerEnds, Record, team_of};
 use super::trace;
 use super::upstream::{Upstream, UpstreamBody};
-use super::usage_tap::{tapped, team_of};
-use crate::metrics::{Metrics, Route};
+use crate::metrics::Metrics;
 
 /// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the
-/// request, whose reading is recorded in `progress`.
+/// request, whose reading is recorded in `progress`. The answer is recorded as `record`
+/// says, by the recorder every request has.
 pub async fn forward(
     upstream: &Upstream,
     max_body: u64,
     metrics: &Arc<Metrics>,
     request: Request<Incoming>,
     progress: Arc<BodyProgress>,
+    mut record: Record,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let started = Instant::now();
-    if declared_length(request.headers()).is_some_and(|len| len > max_body) {
-        return Err(ProxyError::BodyTooLarge { limit: max_body });
-    }
-    let team = team_of(metrics, request.headers());
+    record.team = team_of(metrics, request.headers());
     let (parts, body) = request.into_parts();
     let body = boxed(Limited::new(body, max_body, progress.clone()));
     let outgoing = upstream_request(upstream, parts, body)?;
-    metrics.observe_proxy_overhead(Route::Passthrough, started.elapsed().as_secs_f64());
+    let overhead = record.started.elapsed();
     let sent = Instant::now();
     let result = upstream.send(outgoing).await;
-    metrics.observe_upstream_ttfb(Route::Passthrough, sent.elapsed().as_secs_f64());
+    record.sent(overhead, sent.elapsed());
     match result {
-        Ok(response) => Ok(tapped(client_response(response), metrics, None, team, None)),
-        Err(_) if progress.exceeded() => Err(ProxyError::BodyTooLarge { limit: max_body }),
-        Err(e) => Err(e),
+        Ok(response) => {
+            Ok(record.watch(client_response(response), true, AnswerEnds::metrics(metrics)))
+        }
+        Err(error) => {
+            record.failed(metrics);
+            match progress.exceeded() {
+                true => Err(ProxyError::BodyTooLarge { limit: max_body }),
+                false => Err(error),
+            }
+        }
     }
 }
 
@@ -84,9 +89,4 @@ pub fn client_response(response: Response<UpstreamBody>) -> Response<ProxyBody> 
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::HTTP_11;
     Response::from_parts(parts, boxed(body))
-}
-
-/// The request's `Content-Length`, if it has a valid one.
-pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }

@@ -13,8 +13,12 @@ use hyper::body::Incoming;
 use super::body::{BodyProgress, read_limited};
 use super::content_coding::{self, DecodeError, Encoding};
 use super::error::ProxyError;
-use super::passthrough::declared_length;
-use crate::metrics::{DecodeResult, Metrics};
+use crate::metrics::DecodeResult;
+use crate::vocab::ContentCoding;
+
+/// How a body's `Content-Encoding` was read: the coding applied last (`None`: unknown),
+/// and what came of it.
+pub type CodingRead = (Option<ContentCoding>, DecodeResult);
 
 /// A request body as received, and its content when foldgate can read it.
 pub struct ReceivedBody {
@@ -56,45 +60,43 @@ impl ReceivedBody {
     }
 }
 
-/// Reads the body of a request with `headers`: a declared length over `limit` is
-/// refused before reading, a body that grows past it while read too, and a compressed
-/// body is decoded with its output bounded by `limit` (413 past it).
+/// Reads the body of a request with `headers`, which grows past `limit` is refused
+/// (a declared length over it was refused before any handler), and decodes a compressed
+/// body with its output bounded by `limit` (413 past it); also how its coding was read.
 pub async fn read(
-    headers: &HeaderMap,
     body: Incoming,
     limit: u64,
+    headers: &HeaderMap,
     progress: Arc<BodyProgress>,
-    metrics: &Metrics,
-) -> Result<ReceivedBody, ProxyError> {
-    if declared_length(headers).is_some_and(|len| len > limit) {
-        return Err(ProxyError::BodyTooLarge { limit });
-    }
-    let raw = read_limited(body, limit, progress).await?;
+) -> (Result<ReceivedBody, ProxyError>, Option<CodingRead>) {
+    let raw = match read_limited(body, limit, progress).await {
+        Ok(raw) => raw,
+        Err(error) => return (Err(error.into()), None),
+    };
     let codings = match content_coding::encoding(headers) {
         Encoding::Identity => {
-            return Ok(ReceivedBody { content: Some(raw.clone()), raw, decoded: false });
+            return (Ok(ReceivedBody { content: Some(raw.clone()), raw, decoded: false }), None);
         }
         Encoding::Unknown(token) => {
             tracing::debug!(encoding = %token, "unknown Content-Encoding: forwarded as received");
-            metrics.encoded_body(None, DecodeResult::Unreadable);
-            return Ok(ReceivedBody { raw, content: None, decoded: false });
+            let read = Some((None, DecodeResult::Unreadable));
+            return (Ok(ReceivedBody { raw, content: None, decoded: false }), read);
         }
         Encoding::Coded(codings) => codings,
     };
     let label = codings.last().copied();
     match content_coding::decode(&raw, &codings, limit) {
         Ok(decoded) => {
-            metrics.encoded_body(label, DecodeResult::Decoded);
-            Ok(ReceivedBody { raw, content: Some(Bytes::from(decoded)), decoded: true })
+            let body = ReceivedBody { raw, content: Some(Bytes::from(decoded)), decoded: true };
+            (Ok(body), Some((label, DecodeResult::Decoded)))
         }
         Err(DecodeError::TooLarge { limit }) => {
-            metrics.encoded_body(label, DecodeResult::TooLarge);
-            Err(ProxyError::DecodedBodyTooLarge { limit })
+            (Err(ProxyError::DecodedBodyTooLarge { limit }), Some((label, DecodeResult::TooLarge)))
         }
         Err(e @ DecodeError::Invalid { .. }) => {
             tracing::debug!(error = %e, "undecodable request body: forwarded as received");
-            metrics.encoded_body(label, DecodeResult::Unreadable);
-            Ok(ReceivedBody { raw, content: None, decoded: false })
+            let body = ReceivedBody { raw, content: None, decoded: false };
+            (Ok(body), Some((label, DecodeResult::Unreadable)))
         }
     }
 }

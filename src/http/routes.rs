@@ -12,13 +12,13 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, full};
-use super::dialect::{ChatCompletions, Dialect, Messages, Responses};
+use super::dialect::{ChatCompletions, Dialect, Messages, Responses, ResponsesCompact};
 use super::error::ProxyError;
-use super::handler;
+use super::exchange::{self, CompactedRoutes, Place};
 use super::linger::UnreadBody;
 use super::passthrough;
+use super::record::{self, Operation, Record};
 use super::trace::{self, in_span};
-use super::turn::Turns;
 use super::upstream::Upstream;
 use crate::metrics::{Metrics, Route};
 
@@ -33,7 +33,7 @@ pub struct AppState {
     /// Listener up and not draining.
     pub ready: AtomicBool,
     /// What the compacted routes share (the conversation stage, the inspector).
-    pub turns: Turns,
+    pub compacted: CompactedRoutes,
     /// Every metric.
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served on the proxy port (`None`: disabled or elsewhere).
@@ -69,7 +69,7 @@ impl tower::Service<Request<Incoming>> for Router {
             let progress = Arc::new(BodyProgress::default());
             let (route, result) = dispatch(&state, request, &progress).await;
             let mut response = result.unwrap_or_else(ProxyError::into_response);
-            state.metrics.request(route, response.status().as_u16());
+            record::answered(&state.metrics, route, response.status().as_u16());
             // An answer before the body's end (ours, or an upstream's that did not wait
             // for it): the connection must close, and lingering (see `linger`).
             if has_body && !progress.ended() {
@@ -80,7 +80,7 @@ impl tower::Service<Request<Incoming>> for Router {
     }
 }
 
-/// A request of a compacted API shape, through the generic handler with its `dialect`.
+/// A request of a compacted API shape, through its exchange with its `dialect`.
 async fn compacted<D: Dialect>(
     state: &AppState,
     dialect: &D,
@@ -88,19 +88,19 @@ async fn compacted<D: Dialect>(
     request: Request<Incoming>,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
-    let span = trace::request_span(dialect.route(), false, request.headers());
-    let response = in_span!(
-        &span,
-        handler::handle(
-            dialect,
-            upstream,
-            state.max_body,
-            &state.turns,
-            &state.metrics,
-            request,
-            progress.clone(),
-        )
-    );
+    if let Err(error) = within_limit(state, &request) {
+        return (dialect.route(), Err(error));
+    }
+    let span =
+        trace::request_span(dialect.route(), exchange::answers_whole(dialect), request.headers());
+    let place = Place {
+        routes: &state.compacted,
+        dialect,
+        upstream,
+        metrics: &state.metrics,
+        max_body: state.max_body,
+    };
+    let response = in_span!(&span, exchange::run(place, request, progress.clone()));
     (dialect.route(), traced(&span, response))
 }
 
@@ -123,11 +123,15 @@ async fn forwarded(
     request: Request<Incoming>,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
+    if let Err(error) = within_limit(state, &request) {
+        return (Route::Passthrough, Err(error));
+    }
     let span = trace::passthrough_span(request.method(), request.headers());
-    let response = in_span!(
-        &span,
-        passthrough::forward(upstream, state.max_body, &state.metrics, request, progress.clone())
-    );
+    let record = Record::new(Route::Passthrough, Operation::Forward, std::time::Instant::now());
+    let (max_body, metrics) = (state.max_body, &state.metrics);
+    let forward =
+        passthrough::forward(upstream, max_body, metrics, request, progress.clone(), record);
+    let response = in_span!(&span, forward);
     (Route::Passthrough, traced(&span, response))
 }
 
@@ -166,19 +170,7 @@ async fn dispatch(
             (Route::Responses, Err(ProxyError::UpgradeRequired("the Responses API")))
         }
         (&Method::POST, "/v1/responses/compact") => {
-            let span = trace::request_span(Route::Responses, true, request.headers());
-            let response = in_span!(
-                &span,
-                super::provider_compaction::compact::handle(
-                    &state.turns,
-                    &state.upstream,
-                    state.max_body,
-                    &state.metrics,
-                    request,
-                    progress.clone(),
-                )
-            );
-            (Route::Responses, traced(&span, response))
+            compacted(state, &ResponsesCompact, &state.upstream, request, progress).await
         }
         (&Method::POST, "/v1/messages") => {
             compacted(state, &Messages, &state.anthropic, request, progress).await
@@ -189,12 +181,29 @@ async fn dispatch(
             forwarded(state, &state.upstream, request, progress).await
         }
         (_, p) if p.starts_with("/foldgate/") => {
-            let inspector = state.turns.inspector.as_deref();
+            let inspector = state.compacted.inspector.as_deref();
             let (method, headers) = (request.method(), request.headers());
             (Route::Local, super::inspect::tenant::handle(inspector, method, p, headers).await)
         }
         _ => (Route::Unknown, Err(ProxyError::NotFound(path.to_owned()))),
     }
+}
+
+/// The body limit, checked once for every route that reads a body (compacted and
+/// forwarded): a declared length past it is refused before a byte is read; a body that
+/// grows past it is cut where it is read.
+fn within_limit(state: &AppState, request: &Request<Incoming>) -> Result<(), ProxyError> {
+    match declared_length(request.headers()) {
+        Some(len) if len > state.max_body => {
+            Err(ProxyError::BodyTooLarge { limit: state.max_body })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The request's `Content-Length`, if it has a valid one.
+fn declared_length(headers: &header::HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// True when `headers` ask to upgrade the connection to a WebSocket.

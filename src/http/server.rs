@@ -14,11 +14,11 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
+use super::exchange::CompactedRoutes;
 use super::inspect::admin::{self, Admin};
 use super::layers::{AccessLogLayer, RequestIdLayer};
 use super::linger::{LINGER_SLACK, Linger, LingerFlag, LingerIo};
 use super::routes::{AppState, Router};
-use super::turn::Turns;
 use super::upstream::{Upstream, UpstreamSetupError};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -104,14 +104,14 @@ fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 impl Server {
-    /// Binds `config.server.listen` and builds the upstream client; `turns` serves the
+    /// Binds `config.server.listen` and builds the upstream client; `compacted` serves the
     /// compacted routes.
     pub async fn bind(
         config: &Config,
-        turns: Turns,
+        compacted: CompactedRoutes,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
-        Self::on(config, Listeners::bind(config)?, turns, metrics, true)
+        Self::on(config, Listeners::bind(config)?, compacted, metrics, true)
     }
 
     /// A server accepting on `listeners`, with an upstream pool of its own. Must be
@@ -120,7 +120,7 @@ impl Server {
     pub fn on(
         config: &Config,
         listeners: Listeners,
-        turns: Turns,
+        compacted: CompactedRoutes,
         metrics: Arc<Metrics>,
         housekeeping: bool,
     ) -> Result<Self, ServerError> {
@@ -134,7 +134,7 @@ impl Server {
             anthropic,
             max_body: config.server.max_body_size.0,
             ready: false.into(),
-            turns,
+            compacted,
             metrics,
             metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
                 .then(|| config.metrics.path.clone()),
@@ -149,7 +149,7 @@ impl Server {
             )),
             None => None,
         };
-        let admin_listener = match (listeners.admin, &state.turns.inspector) {
+        let admin_listener = match (listeners.admin, &state.compacted.inspector) {
             (Some(listener), Some(inspector)) => Some((
                 TcpListener::from_std(listener).map_err(|source| ServerError::Bind {
                     addr: config.admin.listen.unwrap_or(addr),
@@ -279,7 +279,7 @@ async fn drain<T: 'static>(
         ),
     }
     let left = grace.saturating_sub(draining.elapsed());
-    state.turns.conversations.drain(left).await;
+    state.compacted.conversations.drain(left).await;
 }
 
 /// Serves `GET <path>` with the metrics on a listener of its own; 404 otherwise.
@@ -332,15 +332,15 @@ async fn sweep_sessions(state: Arc<AppState>) {
     let mut ticks: u64 = 0;
     loop {
         tick.tick().await;
-        state.turns.conversations.refresh_windows().await;
+        state.compacted.conversations.refresh_windows().await;
         ticks += 1;
         if ticks % 12 != 1 {
             continue;
         }
-        let store = state.turns.conversations.store();
-        let dropped = store.sweep();
-        let active = store.active_sessions();
-        state.metrics.active_sessions.set(i64::try_from(active).unwrap_or(i64::MAX));
+        let conversations = &state.compacted.conversations;
+        let dropped = conversations.sweep();
+        let active = conversations.active_sessions();
+        super::record::active_sessions(&state.metrics, active);
         if dropped > 0 {
             tracing::debug!(dropped, active, "expired sessions dropped");
         }

@@ -156,7 +156,7 @@ pub fn session_key(
     session_header: &SessionHeaders,
     request: &ChatRequest,
 ) -> SessionKey {
-    key(headers, session_header, || {
+    key(headers, session_header.id(headers), || {
         let first = |role: Role| {
             request
                 .messages()
@@ -180,7 +180,7 @@ pub fn session_key_of_outline(
     session_header: &SessionHeaders,
     outline: &Outline<'_>,
 ) -> SessionKey {
-    key(headers, session_header, || {
+    key(headers, session_header.id(headers), || {
         let system = outline.first_message_with_role(Role::System);
         let user = outline.first_message_with_role(Role::User);
         Fingerprint {
@@ -201,7 +201,8 @@ pub fn session_key_with(
     session_header: &SessionHeaders,
     parts: impl FnOnce() -> Option<FingerprintParts>,
 ) -> Option<SessionKey> {
-    if session_header.id(headers).is_some() {
+    let id = session_header.id(headers);
+    if id.is_some() {
         let unused = || Fingerprint {
             model: String::new(),
             system: None,
@@ -209,10 +210,10 @@ pub fn session_key_with(
             scope: None,
             marked: false,
         };
-        return Some(key(headers, session_header, unused));
+        return Some(key(headers, id, unused));
     }
     let parts = parts()?;
-    Some(key(headers, session_header, || Fingerprint {
+    Some(key(headers, None, || Fingerprint {
         model: parts.model,
         system: parts.system.as_deref().map(str::as_bytes),
         user: parts.user.as_deref().map(str::as_bytes),
@@ -221,11 +222,12 @@ pub fn session_key_with(
     }))
 }
 
-/// The key from the credential and the session header, or else from the fingerprint
-/// `(model, first system message, first user message)` that `fingerprint` gives.
+/// The key from the credential and `id` (the first session header present), or else
+/// from the fingerprint `(model, first system message, first user message)` that
+/// `fingerprint` gives.
 fn key<'a>(
     headers: &HeaderMap,
-    session_header: &SessionHeaders,
+    id: Option<&HeaderValue>,
     fingerprint: impl FnOnce() -> Fingerprint<'a>,
 ) -> SessionKey {
     let mut hash = Sha256::new();
@@ -239,7 +241,7 @@ fn key<'a>(
         None => hash.update(b"anonymous"),
     }
     hash.update(b"\0");
-    match session_header.id(headers) {
+    match id {
         Some(id) => {
             hash.update(b"header\0");
             hash.update(id.as_bytes());

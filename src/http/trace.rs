@@ -1,7 +1,7 @@
 //! Traces at the edge, when spans are exported (`[telemetry]`): the span of each request,
 //! continuing the trace of the client's `traceparent`; the trace context of every request
-//! sent upstream, naming foldgate's span in place of the client's; what a turn came to,
-//! recorded on its span. With export off, nothing here does any work, and the client's
+//! sent upstream, naming foldgate's span in place of the client's. What a request came
+//! to is recorded on its span by the exchange's recorder. With export off, nothing here does any work, and the client's
 //! `traceparent` reaches the upstream unchanged, as any header does.
 
 /// Awaits the future `$work` makes with `$span` entered at each poll, as
@@ -26,10 +26,8 @@ use http::header::{HeaderMap, HeaderValue};
 use tracing::Span;
 
 use super::layers::request_id::X_REQUEST_ID;
-use crate::conversation::Decision;
 use crate::metrics::Route;
 use crate::telemetry::{context, span};
-use crate::vocab::Outcome;
 
 /// The span of a request of a compacted `route` (`/v1/responses/compact`: `compact`),
 /// continuing the client's trace.
@@ -70,60 +68,6 @@ pub fn propagate(headers: &mut HeaderMap) {
             headers.insert(name, value);
         }
     });
-}
-
-/// Records on the current span what a turn came to: `decision` for the request of
-/// `model` in conversation `session`, sent again after an overflow when `retried`,
-/// planned against the `learned` window.
-pub fn record_turn(
-    decision: &Decision,
-    session: &str,
-    model: &str,
-    retried: bool,
-    learned: Option<usize>,
-) {
-    let current = span::current();
-    if current.is_disabled() {
-        return;
-    }
-    let measured = decision.report.as_ref().map(|r| (r.tier, r.tokens_before, r.tokens_after));
-    let turn = span::TurnRecord {
-        operation: "chat",
-        model,
-        outcome: decision.outcome,
-        measured,
-        fold_wait: decision.fold_wait,
-        session: Some(session),
-        retried,
-        learned_window: learned,
-    };
-    span::record_turn(&current, &turn);
-}
-
-/// Records on the current span the `outcome` of a request no turn took (compaction off,
-/// a body foldgate does not understand).
-pub fn record_outcome(outcome: Outcome) {
-    span::record_outcome(&span::current(), outcome);
-}
-
-/// Records on the current span what a `/v1/responses/compact` request of `model` came
-/// to: folded by foldgate as `report` says, or (`None`) nothing to fold.
-pub fn record_compact(model: &str, report: Option<&crate::conversation::Report>) {
-    let current = span::current();
-    if current.is_disabled() {
-        return;
-    }
-    let turn = span::TurnRecord {
-        operation: "compact",
-        model,
-        outcome: if report.is_some() { Outcome::Compacted } else { Outcome::Passthrough },
-        measured: report.map(|r| (r.tier, r.tokens_before, r.tokens_after)),
-        fold_wait: std::time::Duration::ZERO,
-        session: None,
-        retried: false,
-        learned_window: None,
-    };
-    span::record_turn(&current, &turn);
 }
 
 /// Records on `span` the status its client got.

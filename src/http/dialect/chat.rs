@@ -7,8 +7,10 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use super::Dialect;
+use super::overflow::OpenAiOverflow;
 use crate::api;
 use crate::conversation::{Measure, Rewritten};
+use crate::http::provider_compaction::NoCompactionApi;
 use crate::http::session_key::{SessionHeaders, session_key_of_outline};
 use crate::metrics::Route;
 use crate::model::ChatRequest;
@@ -22,9 +24,19 @@ pub struct ChatCompletions;
 impl Dialect for ChatCompletions {
     type Outline<'a> = Outline<'a>;
     type Origins = ();
+    type Overflow = OpenAiOverflow;
+    type Compaction = NoCompactionApi;
 
     fn route(&self) -> Route {
         Route::ChatCompletions
+    }
+
+    fn overflow(&self) -> OpenAiOverflow {
+        OpenAiOverflow
+    }
+
+    fn compaction(&self) -> Option<NoCompactionApi> {
+        None
     }
 
     fn outline<'a>(&self, body: &'a [u8]) -> Option<Outline<'a>> {
@@ -54,9 +66,5 @@ impl Dialect for ChatCompletions {
 
     fn render(&self, _original: &Bytes, _origins: &(), compacted: &Rewritten) -> Bytes {
         compacted.body.clone()
-    }
-
-    fn is_overflow(&self, error_body: &[u8]) -> bool {
-        super::overflow::is_context_overflow(error_body)
     }
 }

@@ -19,21 +19,17 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::{Dialect, Prepared, Served};
-use crate::api::anthropic_edits;
+use super::Dialect;
+use super::overflow::OverflowSignals;
 use crate::api::{self, Origins};
-use crate::conversation::Encoding;
 use crate::conversation::{Measure, Rewritten};
-use crate::http::compaction_apis::{CompactionApis, rejects_field};
+use crate::http::provider_compaction::MessagesContext;
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
-use crate::vocab::CompactionApi;
-
-const ANTHROPIC_BETA: &str = "anthropic-beta";
 
 /// Anthropic's Messages API.
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,72 +47,19 @@ pub struct MessagesOutline<'a> {
 impl Dialect for Messages {
     type Outline<'a> = MessagesOutline<'a>;
     type Origins = Origins;
+    type Overflow = MessagesOverflow;
+    type Compaction = MessagesContext;
 
     fn route(&self) -> Route {
         Route::Messages
     }
 
-    fn provider_api(&self) -> Option<CompactionApi> {
-        Some(CompactionApi::MessagesContextManagement)
+    fn compaction(&self) -> Option<MessagesContext> {
+        Some(MessagesContext)
     }
 
-    /// When foldgate serves `context_management`: compaction blocks sent back become
-    /// their summary as user text (what they summarized dropped), the clearing edits are
-    /// applied (tokens counted with the engine's default encoding over the body's JSON,
-    /// an estimate), the field and its beta names are taken off.
-    fn prepare(
-        &self,
-        body: &Bytes,
-        _provider: &CompactionApis,
-        serve: bool,
-    ) -> Result<Prepared, String> {
-        let asked = memchr::memmem::find(body, b"\"context_management\"").is_some();
-        if !serve {
-            return Ok(Prepared { left_for_upstream: asked, ..Prepared::unchanged(body) });
-        }
-        let expanded = anthropic_edits::expand_compaction(body).unwrap_or_else(|| body.clone());
-        let Some(edits) = anthropic_edits::parse(&expanded).map_err(|e| e.to_string())? else {
-            return Ok(Prepared { served_here: true, ..Prepared::unchanged(&expanded) });
-        };
-        let body = anthropic_edits::without_context_management(&expanded).unwrap_or(expanded);
-        let count = |text: &str| Encoding::O200kBase.count(text);
-        let input_tokens = std::str::from_utf8(&body).map_or(0, count);
-        let cleared = anthropic_edits::apply_clearing(&body, &edits, input_tokens, &count);
-        Ok(Prepared {
-            body: cleared.body,
-            served: Some(Served::MessagesEdits { edits, applied: cleared.applied }),
-            left_for_upstream: false,
-            served_here: true,
-        })
-    }
-
-    /// Without the `anthropic-beta` names of the APIs foldgate serves, when it serves
-    /// them (on digest calls too, which take these headers).
-    fn forwarded_headers(&self, headers: &HeaderMap, prepared: &Prepared) -> HeaderMap {
-        let mut headers = headers.clone();
-        if !prepared.served_here {
-            return headers;
-        }
-        let betas: Vec<String> = headers
-            .get_all(ANTHROPIC_BETA)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .filter_map(anthropic_edits::strip_betas)
-            .collect();
-        headers.remove(ANTHROPIC_BETA);
-        for value in betas {
-            if let Ok(value) = http::HeaderValue::from_str(&value) {
-                headers.append(ANTHROPIC_BETA, value);
-            }
-        }
-        headers
-    }
-
-    /// Also a rejection of the beta header that enables the edits.
-    fn rejects_provider_compaction(&self, error_body: &[u8]) -> bool {
-        let betas = [anthropic_edits::CONTEXT_MANAGEMENT_BETA, anthropic_edits::COMPACT_BETA];
-        rejects_field(error_body, "context_management")
-            || betas.iter().any(|beta| rejects_field(error_body, beta))
+    fn overflow(&self) -> MessagesOverflow {
+        MessagesOverflow
     }
 
     fn outline<'a>(&self, body: &'a [u8]) -> Option<MessagesOutline<'a>> {
@@ -180,10 +123,6 @@ impl Dialect for Messages {
         api::messages::render(original, origins, &compacted.request)
     }
 
-    fn is_overflow(&self, error_body: &[u8]) -> bool {
-        is_prompt_too_long(error_body)
-    }
-
     fn calibrated(&self) -> bool {
         true
     }
@@ -193,6 +132,17 @@ impl Dialect for Messages {
     /// only.
     fn summary_api(&self, headers: &HeaderMap) -> Option<SummaryApi> {
         (!is_subscription_token(headers)).then_some(SummaryApi::Messages)
+    }
+}
+
+/// How Anthropic says a prompt is longer than the window: `prompt is too long: N tokens
+/// > M maximum` (`invalid_request_error`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MessagesOverflow;
+
+impl OverflowSignals for MessagesOverflow {
+    fn is_overflow(&self, error_body: &[u8]) -> bool {
+        is_prompt_too_long(error_body)
     }
 }
 
@@ -301,7 +251,7 @@ mod tests {
             br#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: roles must alternate"}}"#
         ));
         assert_eq!(
-            Messages.stated_window(
+            MessagesOverflow.stated_window(
                 br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#
             ),
             Some(200_000)

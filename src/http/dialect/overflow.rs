@@ -1,8 +1,81 @@
 //! What providers say when a prompt is longer than the context window: the error
 //! answers of OpenAI, Anthropic and compatible providers (by code or message), and the
-//! window such an answer states. Every dialect's overflow reading starts here.
+//! window such an answer states ([`OverflowSignals`], one implementation per API).
 
+use http::StatusCode;
+
+use crate::http::sse::Event;
 use crate::learned::windows::MIN_WINDOW;
+
+/// How one API's providers say a prompt is longer than the context window. The
+/// defaults are OpenAI's and compatible providers' (an error status, a JSON error body,
+/// the window stated in its message).
+pub trait OverflowSignals: Send + Sync + 'static {
+    /// True when an answer with `status` may be a context overflow (its body is then
+    /// peeked at).
+    fn may_overflow(&self, status: StatusCode) -> bool {
+        matches!(status, StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE)
+    }
+
+    /// True for the error bodies these providers give when a prompt is longer than the
+    /// window.
+    fn is_overflow(&self, error_body: &[u8]) -> bool {
+        is_context_overflow(error_body)
+    }
+
+    /// True when these providers may report an overflow inside a 200 event stream
+    /// instead of with an error status (the Responses API's `response.failed`): the
+    /// leading events of such a stream are then held until one tells
+    /// ([`OverflowSignals::stream_event`]).
+    fn overflows_in_stream(&self) -> bool {
+        false
+    }
+
+    /// What a whole event of a 200 event stream tells, for providers that
+    /// [overflow in streams](OverflowSignals::overflows_in_stream).
+    fn stream_event(&self, event: &Event<'_>) -> StreamEvent {
+        let _ = event;
+        StreamEvent::Other
+    }
+
+    /// The context window an overflow error states, when it does.
+    fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
+        stated_window(error_body)
+    }
+}
+
+/// What an event at the start of a 200 event stream tells about the answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// Nothing yet (the Responses API's `response.created`, `response.in_progress`).
+    Leading,
+    /// The answer failed with this error (JSON), an overflow if
+    /// [`OverflowSignals::is_overflow`] says so.
+    Failed(Vec<u8>),
+    /// Anything else: the answer is under way.
+    Other,
+}
+
+/// OpenAI's chat completions and compatible providers: the defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenAiOverflow;
+
+impl OverflowSignals for OpenAiOverflow {}
+
+/// A request that is never retried after an overflow (`/v1/responses/compact`): no
+/// answer is read as one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NeverRetried;
+
+impl OverflowSignals for NeverRetried {
+    fn may_overflow(&self, _: StatusCode) -> bool {
+        false
+    }
+
+    fn is_overflow(&self, _: &[u8]) -> bool {
+        false
+    }
+}
 
 /// Stated windows below this many tokens are not believed (see [`MIN_WINDOW`]).
 pub const MIN_STATED_WINDOW: usize = MIN_WINDOW;

@@ -29,12 +29,11 @@ use http::HeaderMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::overflow::is_context_overflow;
-use super::{Dialect, Prepared, Served, StreamEvent};
-use crate::api::compaction_item::{open_items, take_context_management};
+use super::Dialect;
+use super::overflow::{OverflowSignals, StreamEvent, is_context_overflow};
 use crate::api::{self, Origins};
 use crate::conversation::{Measure, Rewritten};
-use crate::http::compaction_apis::CompactionApis;
+use crate::http::provider_compaction::ResponsesContext;
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
 use crate::http::sse::Event;
 use crate::metrics::Route;
@@ -42,7 +41,6 @@ use crate::model::ChatRequest;
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
-use crate::vocab::CompactionApi;
 
 /// OpenAI's Responses API.
 #[derive(Debug, Clone, Copy, Default)]
@@ -58,41 +56,19 @@ pub struct ResponsesOutline<'a> {
 impl Dialect for Responses {
     type Outline<'a> = ResponsesOutline<'a>;
     type Origins = Origins;
+    type Overflow = ResponsesOverflow;
+    type Compaction = ResponsesContext;
 
     fn route(&self) -> Route {
         Route::Responses
     }
 
-    fn provider_api(&self) -> Option<CompactionApi> {
-        Some(CompactionApi::ResponsesContextManagement)
+    fn compaction(&self) -> Option<ResponsesContext> {
+        Some(ResponsesContext)
     }
 
-    /// Opens foldgate's compaction items (a tampered or foreign one is an error); when
-    /// foldgate serves `context_management`, takes it out of the body.
-    fn prepare(
-        &self,
-        body: &Bytes,
-        provider: &CompactionApis,
-        serve: bool,
-    ) -> Result<Prepared, String> {
-        let opened = open_items(body, &provider.sealer).map_err(|e| e.to_string())?;
-        let body = opened.map_or_else(|| body.clone(), Bytes::from);
-        let asked = memchr::memmem::find(&body, b"\"context_management\"").is_some();
-        if !asked {
-            return Ok(Prepared::unchanged(&body));
-        }
-        if !serve {
-            return Ok(Prepared { left_for_upstream: true, ..Prepared::unchanged(&body) });
-        }
-        match take_context_management(&body)? {
-            Some((stripped, compaction)) => Ok(Prepared {
-                body: Bytes::from(stripped),
-                served: Some(Served::ResponsesCompaction(compaction)),
-                left_for_upstream: false,
-                served_here: false,
-            }),
-            None => Ok(Prepared::unchanged(&body)),
-        }
+    fn overflow(&self) -> ResponsesOverflow {
+        ResponsesOverflow
     }
 
     /// `None` for a request without `input` or relying on state the provider keeps: it is
@@ -160,12 +136,21 @@ impl Dialect for Responses {
         api::responses::render(original, origins, &compacted.request)
     }
 
-    fn is_overflow(&self, error_body: &[u8]) -> bool {
-        !is_invalid_encrypted_content(error_body) && is_context_overflow(error_body)
-    }
-
     fn summary_api(&self, _: &HeaderMap) -> Option<SummaryApi> {
         Some(SummaryApi::Responses)
+    }
+}
+
+/// How the Responses API says a prompt is longer than the window: the chat errors
+/// (`context_length_exceeded`), except `invalid_encrypted_content`, which is the
+/// client's to handle; also inside a 200 event stream, as `response.failed` or an
+/// `error` event.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponsesOverflow;
+
+impl OverflowSignals for ResponsesOverflow {
+    fn is_overflow(&self, error_body: &[u8]) -> bool {
+        !is_invalid_encrypted_content(error_body) && is_context_overflow(error_body)
     }
 
     fn overflows_in_stream(&self) -> bool {
@@ -237,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_stream_tells_from_its_first_event_after_created_and_in_progress() {
-        let d = Responses;
+        let d = ResponsesOverflow;
         let created = r#"{"type":"response.created","response":{"status":"in_progress"}}"#;
         assert_eq!(d.stream_event(&event(Some("response.created"), created)), StreamEvent::Leading);
         assert_eq!(d.stream_event(&event(None, created)), StreamEvent::Leading, "no event field");
@@ -268,7 +253,7 @@ mod tests {
 
     #[test]
     fn context_overflow_is_retried_and_encrypted_content_errors_are_not() {
-        let d = Responses;
+        let d = ResponsesOverflow;
         assert!(d.is_overflow(
             br#"{"error":{"message":"Your input exceeds the context window of this model.","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}"#
         ));

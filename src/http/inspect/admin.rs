@@ -112,12 +112,12 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conversation::SessionState;
+    use crate::conversation::{Inspection, SessionState};
     use crate::session::MemoryStore;
 
     fn admin(token: &str) -> Admin {
         let store = Arc::new(MemoryStore::<SessionState>::new(Duration::from_secs(60), 10));
-        Admin::new(Arc::new(Inspector::new(store, 10, true)), token)
+        Admin::new(Arc::new(Inspector::new(Inspection::new(store, 10), true)), token)
     }
 
     fn bearer(value: &str) -> HeaderMap {

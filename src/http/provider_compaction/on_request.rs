@@ -1,18 +1,15 @@
-//! A provider compaction foldgate serves on a request the upstream answers: the fold
-//! made before the request is sent, and what it adds to the answer.
+//! A provider compaction foldgate serves: what the fold made for it adds to the
+//! upstream's answer, or foldgate's own answer in its place.
 
 use super::answer::{AnswerKind, Rewrite, WholeJson};
+use super::{CompactionApis, FoldFacts, Served};
 use crate::api::anthropic_edits::{
     AnswerEdits, AppliedEdit, CompactionAnswer, CompactionInjector, ContextManagement,
     decorate_message, paused_message, paused_stream,
 };
 use crate::api::compaction_item::{self, Sealed};
 use crate::api::responses_output::{OutputItemInjector, insert_output_item};
-use crate::conversation::FoldWhen;
-use crate::http::compaction_apis::CompactionApis;
-use crate::http::dialect::{Dialect, Served};
-use crate::http::turn::Turn;
-use crate::metrics::Metrics;
+use crate::conversation::WholeFold;
 use crate::model::DIGEST_MARKER;
 use crate::vocab::CompactionApi;
 
@@ -26,9 +23,9 @@ pub enum Addition {
     ResponsesItem(String),
     /// An Anthropic answer's compaction block, `context_management` and iterations.
     Messages(AnswerEdits),
-    /// The whole answer of a request that pauses after compaction: sent instead of the
-    /// upstream's, which is never asked.
-    Paused {
+    /// foldgate's whole answer (a request that pauses after compaction, a compact
+    /// request): sent instead of the upstream's, which is never asked.
+    Answer {
         /// The answer's body.
         body: Vec<u8>,
         /// It is an event stream (the request asked to stream).
@@ -54,59 +51,68 @@ impl Addition {
             (Self::Messages(edits), AnswerKind::Events) => {
                 Some(Box::new(CompactionInjector::new(edits)))
             }
-            (Self::Paused { .. }, _) => None,
+            (Self::Answer { .. }, _) => None,
         }
     }
 }
 
-/// Serves `served` on `turn`: folds the request when it is due; what to add to the
-/// answer, when something was done.
-pub async fn serve<D: Dialect>(
-    turn: &mut Turn<'_, D>,
-    served: &Served,
-    provider: &CompactionApis,
-    metrics: &Metrics,
-) -> Option<Addition> {
-    match served {
-        Served::ResponsesCompaction(compaction) => {
-            let when = compaction.threshold.map_or(FoldWhen::AtTrigger, FoldWhen::AtTokens);
-            let fold = turn.fold_whole(when, None).await?;
-            let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
-            let content = provider.sealer.seal(&Sealed { digest: fold.digest });
-            metrics.provider_compaction(CompactionApi::ResponsesContextManagement, true);
-            turn.served(CompactionApi::ResponsesContextManagement);
-            Some(Addition::ResponsesItem(compaction_item::item(&id, &content)))
+/// What serving a provider compaction came to.
+pub struct Concluded {
+    /// What to add to the upstream's answer, or foldgate's whole answer.
+    pub addition: Option<Addition>,
+    /// The API foldgate served, when it changed the request.
+    pub api: Option<CompactionApi>,
+    /// Changes made besides the engine's compaction, in a few words each.
+    pub notes: Vec<String>,
+}
+
+/// Writes what `served` adds to the answer, given the whole `fold` it asked for (`None`:
+/// not folded); an error (a 400) says why foldgate cannot answer the request itself.
+pub fn conclude(
+    served: Served,
+    fold: Option<WholeFold>,
+    request: &FoldFacts<'_>,
+    apis: &CompactionApis,
+) -> Result<Concluded, String> {
+    let concluded = match served {
+        Served::ResponsesCompaction(_) => {
+            let addition = fold.map(|fold| {
+                let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
+                let content = apis.sealer.seal(&Sealed { digest: fold.digest });
+                Addition::ResponsesItem(compaction_item::item(&id, &content))
+            });
+            let api = addition.as_ref().map(|_| CompactionApi::ResponsesContextManagement);
+            Concluded { addition, api, notes: Vec::new() }
         }
         Served::MessagesEdits { edits, applied } => {
-            let addition = messages_edits(turn, edits, applied).await;
+            let addition = messages_edits(&edits, &applied, fold, request);
             let compacted = match &addition {
                 Addition::Messages(answer) => answer.compaction.is_some() || !applied.is_empty(),
                 _ => true,
             };
-            if compacted {
-                metrics.provider_compaction(CompactionApi::MessagesContextManagement, true);
-                turn.served(CompactionApi::MessagesContextManagement);
-            }
-            for edit in applied {
-                turn.note(edit.describe());
-            }
-            Some(addition)
+            let api = compacted.then_some(CompactionApi::MessagesContextManagement);
+            let notes = applied.iter().map(AppliedEdit::describe).collect();
+            Concluded { addition: Some(addition), api, notes }
         }
-    }
+        Served::ResponsesCompact => {
+            let body = super::compact::answer(&apis.sealer, request.body, fold.as_ref())?;
+            let addition = Some(Addition::Answer { body, events: false });
+            Concluded { addition, api: Some(CompactionApi::ResponsesCompact), notes: Vec::new() }
+        }
+    };
+    Ok(concluded)
 }
 
-/// Makes the `compact_20260112` edit of `edits` when the request passed its trigger;
-/// what the answer reports (`applied`: the clearing edits made on the body).
-async fn messages_edits<D: Dialect>(
-    turn: &mut Turn<'_, D>,
+/// The `compact_20260112` edit of `edits`, made as `fold` (when the request passed its
+/// trigger), and what the answer reports (`applied`: the clearing edits made on the body).
+fn messages_edits(
     edits: &ContextManagement,
     applied: &[AppliedEdit],
+    fold: Option<WholeFold>,
+    request: &FoldFacts<'_>,
 ) -> Addition {
     let mut answer = AnswerEdits { compaction: None, applied_edits: Some(applied.to_vec()) };
-    let Some(compact) = edits.compact() else { return Addition::Messages(answer) };
-    let trigger = usize::try_from(compact.trigger).unwrap_or(usize::MAX);
-    let when = FoldWhen::AtTokens(trigger.saturating_add(1));
-    let Some(fold) = turn.fold_whole(when, compact.instructions.clone()).await else {
+    let (Some(compact), Some(fold)) = (edits.compact(), fold) else {
         return Addition::Messages(answer);
     };
     let summary = fold.digest.strip_prefix(DIGEST_MARKER).unwrap_or(&fold.digest).trim_start();
@@ -117,14 +123,13 @@ async fn messages_edits<D: Dialect>(
     };
     if compact.pause_after_compaction {
         let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
-        let model = turn.model_name().to_owned();
-        let events = turn.streams();
+        let events = request.streams;
         let body = if events {
-            paused_stream(&id, &model, &compaction, applied)
+            paused_stream(&id, request.model, &compaction, applied)
         } else {
-            paused_message(&id, &model, &compaction, applied)
+            paused_message(&id, request.model, &compaction, applied)
         };
-        return Addition::Paused { body, events };
+        return Addition::Answer { body, events };
     }
     answer.compaction = Some(compaction);
     Addition::Messages(answer)

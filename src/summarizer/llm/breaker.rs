@@ -26,7 +26,7 @@ pub enum CircuitState {
 
 /// How a call that the breaker let through ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CallResult {
     /// The model path works.
     Success,
     /// The model path failed (counts towards the threshold).
@@ -81,20 +81,20 @@ impl Breaker {
     }
 
     /// Records how an admitted call ended at `now`.
-    pub fn record(&self, now: Instant, outcome: Outcome) {
+    pub fn record(&self, now: Instant, outcome: CallResult) {
         let mut state = self.lock();
         *state = match (outcome, *state) {
-            (Outcome::Success, _) => State::Closed { failures: 0 },
-            (Outcome::Failure, State::Closed { failures }) if failures + 1 < self.threshold => {
+            (CallResult::Success, _) => State::Closed { failures: 0 },
+            (CallResult::Failure, State::Closed { failures }) if failures + 1 < self.threshold => {
                 State::Closed { failures: failures + 1 }
             }
-            (Outcome::Failure, State::Closed { .. } | State::HalfOpen { .. }) => {
+            (CallResult::Failure, State::Closed { .. } | State::HalfOpen { .. }) => {
                 State::Open { until: now + self.cooldown }
             }
             // A call admitted before the breaker opened: the cooldown already runs.
-            (Outcome::Failure | Outcome::Neutral, open @ State::Open { .. }) => open,
-            (Outcome::Neutral, State::HalfOpen { .. }) => State::Open { until: now },
-            (Outcome::Neutral, closed @ State::Closed { .. }) => closed,
+            (CallResult::Failure | CallResult::Neutral, open @ State::Open { .. }) => open,
+            (CallResult::Neutral, State::HalfOpen { .. }) => State::Open { until: now },
+            (CallResult::Neutral, closed @ State::Closed { .. }) => closed,
         };
     }
 
@@ -125,17 +125,17 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..2 {
             assert!(b.admit(t0));
-            b.record(t0, Outcome::Failure);
+            b.record(t0, CallResult::Failure);
         }
         // A success in between resets the count.
-        b.record(t0, Outcome::Success);
+        b.record(t0, CallResult::Success);
         for _ in 0..2 {
             assert!(b.admit(t0));
-            b.record(t0, Outcome::Failure);
+            b.record(t0, CallResult::Failure);
         }
         assert_eq!(b.state(t0), CircuitState::Closed);
         assert!(b.admit(t0));
-        b.record(t0, Outcome::Failure);
+        b.record(t0, CallResult::Failure);
         assert_eq!(b.state(t0), CircuitState::Open);
         assert!(!b.admit(at(t0, 1)));
         assert!(!b.admit(at(t0, 29)));
@@ -145,12 +145,12 @@ mod tests {
     fn after_cooldown_one_trial_then_success_closes() {
         let b = Breaker::new(1, COOL);
         let t0 = Instant::now();
-        b.record(t0, Outcome::Failure);
+        b.record(t0, CallResult::Failure);
         assert!(!b.admit(at(t0, 10)));
         assert_eq!(b.state(at(t0, 30)), CircuitState::HalfOpen);
         assert!(b.admit(at(t0, 30)), "the trial");
         assert!(!b.admit(at(t0, 31)), "only one trial at a time");
-        b.record(at(t0, 32), Outcome::Success);
+        b.record(at(t0, 32), CallResult::Success);
         assert_eq!(b.state(at(t0, 32)), CircuitState::Closed);
         assert!(b.admit(at(t0, 32)));
         assert!(b.admit(at(t0, 32)));
@@ -160,10 +160,10 @@ mod tests {
     fn failed_trial_reopens_for_a_full_cooldown() {
         let b = Breaker::new(2, COOL);
         let t0 = Instant::now();
-        b.record(t0, Outcome::Failure);
-        b.record(t0, Outcome::Failure);
+        b.record(t0, CallResult::Failure);
+        b.record(t0, CallResult::Failure);
         assert!(b.admit(at(t0, 30)));
-        b.record(at(t0, 35), Outcome::Failure);
+        b.record(at(t0, 35), CallResult::Failure);
         assert!(!b.admit(at(t0, 36)));
         assert!(!b.admit(at(t0, 64)));
         assert!(b.admit(at(t0, 65)));
@@ -173,13 +173,13 @@ mod tests {
     fn lost_trial_expires_and_neutral_trial_is_released() {
         let b = Breaker::new(1, COOL);
         let t0 = Instant::now();
-        b.record(t0, Outcome::Failure);
+        b.record(t0, CallResult::Failure);
         assert!(b.admit(at(t0, 30)));
         // The trial's outcome never comes (cancelled): after a cooldown, another trial.
         assert!(!b.admit(at(t0, 59)));
         assert!(b.admit(at(t0, 60)));
         // A neutral outcome releases the trial at once.
-        b.record(at(t0, 61), Outcome::Neutral);
+        b.record(at(t0, 61), CallResult::Neutral);
         assert!(b.admit(at(t0, 61)));
         assert!(!b.admit(at(t0, 61)));
     }
@@ -188,13 +188,13 @@ mod tests {
     fn late_results_do_not_extend_an_open_breaker_and_neutral_does_not_count() {
         let b = Breaker::new(2, COOL);
         let t0 = Instant::now();
-        b.record(t0, Outcome::Failure);
-        b.record(t0, Outcome::Neutral);
+        b.record(t0, CallResult::Failure);
+        b.record(t0, CallResult::Neutral);
         assert_eq!(b.state(t0), CircuitState::Closed);
-        b.record(t0, Outcome::Failure);
+        b.record(t0, CallResult::Failure);
         assert_eq!(b.state(t0), CircuitState::Open);
         // A call admitted earlier fails late: the cooldown still ends at t0 + 30 s.
-        b.record(at(t0, 20), Outcome::Failure);
+        b.record(at(t0, 20), CallResult::Failure);
         assert!(b.admit(at(t0, 30)));
     }
 }

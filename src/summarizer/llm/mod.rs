@@ -34,7 +34,7 @@ use tracing::Instrument;
 pub use api::SummaryApi;
 use api::{answer_text, request_body};
 pub use breaker::CircuitState;
-use breaker::{Breaker, Outcome};
+use breaker::{Breaker, CallResult};
 use client::JsonClient;
 pub use client::SUMMARY_HEADER;
 pub use credential::Credential;
@@ -292,14 +292,14 @@ impl LlmSummarizer {
                 );
             }
             let outcome = match &result {
-                Ok(_) => Outcome::Success,
+                Ok(_) => CallResult::Success,
                 // The client's own key was refused: says nothing about the model path.
                 Err(SummarizerError::Status { status: 401 | 403, .. })
                     if self.api_key.is_none() =>
                 {
-                    Outcome::Neutral
+                    CallResult::Neutral
                 }
-                Err(_) => Outcome::Failure,
+                Err(_) => CallResult::Failure,
             };
             breaker.record(Instant::now(), outcome);
             result

@@ -1,20 +1,16 @@
-//! Reads token usage from a chat response as it streams by, without delaying or
-//! changing a byte: from a JSON body, or from the SSE event that carries `usage`
-//! (usually the last one). Recorded once, after the body ended and its bytes went out:
-//! in the metrics, and (traces exported) on the span of the request the response answers,
-//! which the tap keeps open until then.
-
-use std::sync::{Arc, Mutex};
+//! Reads token usage from an answer as it streams by, without delaying or changing a
+//! byte: from a JSON body, or from the SSE event that carries `usage` (usually the last
+//! one). The [`UsageReader`] only reads; the exchange's recorder (`super::record`)
+//! writes what it found once the answer ended.
 
 use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
 use serde::Deserialize;
 
-use super::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
-use crate::metrics::{Metrics, PromptSplit, model_label};
+use crate::metrics::PromptSplit;
 use crate::session::record::UsageEntry;
-use crate::telemetry::span::{self, UsageRecord};
 
 /// JSON bodies larger than this are not parsed for usage.
 const MAX_JSON: usize = 4 * 1024 * 1024;
@@ -58,6 +54,11 @@ struct Details {
 }
 
 impl Usage {
+    /// The prompt's tokens, split by how the provider's cache served them.
+    pub fn prompt_split(&self) -> PromptSplit {
+        PromptSplit { total: self.prompt, cache_read: self.cached, cache_write: self.cache_write }
+    }
+
     /// As the session inspector records it.
     pub fn entry(self) -> UsageEntry {
         UsageEntry {
@@ -102,107 +103,17 @@ enum Format {
     Ignored,
 }
 
-/// Called once after a response's body ended (completely, failed or dropped), with the
-/// usage it carried, if any.
-pub type OnUsage = Box<dyn FnOnce(Option<Usage>) + Send>;
-
-/// Where the usage of a request's answer meets whoever needs it once the answer ended:
-/// the tap ends it ([`UsageSlot::end`], through [`UsageSlot::on_usage`]); what is to
-/// run then ([`UsageSlot::then`]) runs once, at the end or at once if that was earlier.
-#[derive(Clone, Default)]
-pub struct UsageSlot(Arc<Mutex<Slot>>);
-
-/// What a [`UsageSlot`] holds.
-#[derive(Default)]
-enum Slot {
-    /// Neither the end nor a waiter yet.
-    #[default]
-    Open,
-    /// The answer ended, with this usage.
-    Ended(Option<Usage>),
-    /// Runs when the answer ends.
-    Waiting(OnUsage),
-    /// Done.
-    Spent,
-}
-
-impl UsageSlot {
-    /// The answer ended with `usage`: runs the waiter, if one is registered.
-    pub fn end(&self, usage: Option<Usage>) {
-        let Ok(mut slot) = self.0.lock() else { return };
-        match std::mem::take(&mut *slot) {
-            Slot::Waiting(waiter) => {
-                *slot = Slot::Spent;
-                drop(slot);
-                waiter(usage);
-            }
-            Slot::Open => *slot = Slot::Ended(usage),
-            done => *slot = done,
-        }
-    }
-
-    /// Runs `waiter` with the answer's usage when the answer ends, or now if it has.
-    pub fn then(&self, waiter: OnUsage) {
-        let Ok(mut slot) = self.0.lock() else { return };
-        match std::mem::take(&mut *slot) {
-            Slot::Ended(usage) => {
-                *slot = Slot::Spent;
-                drop(slot);
-                waiter(usage);
-            }
-            Slot::Open => *slot = Slot::Waiting(waiter),
-            done => *slot = done,
-        }
-    }
-
-    /// The tap's side: ends this slot, after `also` (if any) saw the usage.
-    pub fn on_usage(&self, also: Option<OnUsage>) -> OnUsage {
-        let slot = self.clone();
-        Box::new(move |usage| {
-            if let Some(also) = also {
-                also(usage);
-            }
-            slot.end(usage);
-        })
-    }
-}
-
-/// Records upstream usage into metrics when the response body it watches ends.
-pub struct UsageTap {
+/// Reads the usage of one answer from its bytes as they pass.
+pub struct UsageReader {
     format: Format,
-    metrics: Arc<Metrics>,
-    model: Option<&'static str>,
-    /// The team label of the request (see [`team_of`]), when usage is counted by team.
-    team: Option<Arc<str>>,
-    on_usage: Option<OnUsage>,
-    /// The span of the request answered (the current one when the tap was made): kept
-    /// open until the body ends, its usage recorded on it.
-    span: tracing::Span,
 }
 
-impl UsageTap {
-    /// Watches `inner`; `content_type` and `content_encoding` decide how it is read.
-    /// Usage is labelled with `model` (the request's, normalised) or else the response's.
-    pub fn wrap(
-        inner: ProxyBody,
-        content_type: Option<&str>,
-        encoded: bool,
-        metrics: Arc<Metrics>,
-        model: Option<&'static str>,
-    ) -> Observed<Self> {
-        Self::wrap_with(inner, content_type, encoded, metrics, model, None, None)
-    }
-
-    /// [`UsageTap::wrap`], also handing the usage found (if any) to `on_usage` at the end.
-    pub fn wrap_with(
-        inner: ProxyBody,
-        content_type: Option<&str>,
-        encoded: bool,
-        metrics: Arc<Metrics>,
-        model: Option<&'static str>,
-        team: Option<Arc<str>>,
-        on_usage: Option<OnUsage>,
-    ) -> Observed<Self> {
+impl UsageReader {
+    /// A reader for an answer with `headers`: its `Content-Type` says how it is read;
+    /// a compressed answer is not read.
+    pub fn for_answer(headers: &HeaderMap) -> Self {
+        let content_type = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        let encoded = headers.contains_key(http::header::CONTENT_ENCODING);
         let format = match content_type.unwrap_or("") {
             _ if encoded => Format::Ignored,
             t if t.starts_with("text/event-stream") => {
@@ -211,11 +122,20 @@ impl UsageTap {
             t if t.starts_with("application/json") => Format::Json { frames: Vec::new(), len: 0 },
             _ => Format::Ignored,
         };
-        let span = span::current();
-        Observed::new(inner, Self { format, metrics, model, team, on_usage, span })
+        Self { format }
     }
 
-    fn observe(&mut self, data: &Bytes) {
+    /// Reads `data`, the answer's next bytes.
+    pub fn observe(&mut self, data: &Bytes) {
+        self.read(data);
+    }
+
+    /// The usage the answer carried, and the model it names as having answered.
+    pub fn finish(&mut self) -> Option<(Usage, Option<String>)> {
+        self.found().map(|(usage, model)| (usage, model.map(Cow::into_owned)))
+    }
+
+    fn read(&mut self, data: &Bytes) {
         match &mut self.format {
             Format::Json { frames, len } => {
                 *len += data.len();
@@ -246,14 +166,15 @@ impl UsageTap {
         }
     }
 
-    fn finish(&mut self) {
-        let joined: Vec<u8>;
-        let found = match &mut self.format {
+    /// The usage found in what was read.
+    fn found(&mut self) -> Option<(Usage, Option<Cow<'_, str>>)> {
+        match &mut self.format {
             Format::Json { frames, .. } => match frames.as_slice() {
                 [one] => usage_in(one),
                 many => {
-                    joined = many.concat();
-                    usage_in(&joined)
+                    let joined = many.concat();
+                    let (usage, model) = usage_in(&joined)?;
+                    Some((usage, model.map(|m| Cow::Owned(m.into_owned()))))
                 }
             },
             Format::Sse { line, first, last } => {
@@ -271,31 +192,6 @@ impl UsageTap {
                 }
             }
             Format::Ignored => None,
-        };
-        if let Some(on_usage) = self.on_usage.take() {
-            // What it does (a calibration stored) is part of the request's trace.
-            let _request = self.span.enter();
-            on_usage(found.as_ref().map(|(usage, _)| *usage));
-        }
-        let Some((usage, answered_by)) = found else { return };
-        let record = UsageRecord {
-            input: usage.prompt,
-            output: usage.completion,
-            cache_read: usage.cached,
-            cache_creation: usage.cache_write,
-            response_model: answered_by.as_deref(),
-        };
-        span::record_usage(&self.span, &record);
-        let model =
-            self.model.unwrap_or_else(|| answered_by.as_deref().map_or("other", model_label));
-        let prompt = PromptSplit {
-            total: usage.prompt,
-            cache_read: usage.cached,
-            cache_write: usage.cache_write,
-        };
-        self.metrics.upstream_usage(model, prompt, usage.completion);
-        if let Some(team) = &self.team {
-            self.metrics.team_usage(team, prompt, usage.completion);
         }
     }
 }
@@ -436,103 +332,30 @@ fn value_end(json: &[u8], start: usize) -> Option<usize> {
     }
 }
 
-impl BodyObserver for UsageTap {
-    fn data(&mut self, data: &Bytes) {
-        self.observe(data);
-    }
-
-    fn end(&mut self, _: BodyEnd) {
-        self.finish();
-    }
-}
-
-/// Wraps a response's body in a [`UsageTap`], handing the usage found (if any) to
-/// `on_usage` when the body ends.
-pub fn tapped(
-    response: http::Response<ProxyBody>,
-    metrics: &Arc<Metrics>,
-    model: Option<&'static str>,
-    team: Option<Arc<str>>,
-    on_usage: Option<OnUsage>,
-) -> http::Response<ProxyBody> {
-    let headers = response.headers();
-    let content_type =
-        headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let encoded = headers.contains_key(http::header::CONTENT_ENCODING);
-    response.map(|body| {
-        let tap = UsageTap::wrap_with(
-            body,
-            content_type.as_deref(),
-            encoded,
-            metrics.clone(),
-            model,
-            team,
-            on_usage,
-        );
-        http_body_util::BodyExt::boxed_unsync(tap)
-    })
-}
-
-/// The team label of a request: the value of the configured team header
-/// (`metrics.team_header`), bounded by [`Metrics::team`]; `None` when usage is not
-/// counted by team.
-pub fn team_of(metrics: &Metrics, headers: &http::HeaderMap) -> Option<Arc<str>> {
-    let header = metrics.team_header()?;
-    metrics.team(headers.get(header).and_then(|v| v.to_str().ok()))
-}
-
 #[cfg(test)]
 mod tests {
-    use http_body::{Body, Frame};
-    use http_body_util::BodyExt;
-
     use super::*;
-    use crate::http::body::BoxError;
-    use crate::http::body::full;
 
-    /// Lets the task that records usage (spawned when the body ends) run.
-    async fn recorded() {
-        tokio::task::yield_now().await;
+    /// What a reader of an answer of `content_type` arriving as `chunks` finds.
+    fn usage_of(content_type: &str, chunks: &[&str]) -> Option<(Usage, Option<String>)> {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
+        let mut reader = UsageReader::for_answer(&headers);
+        for chunk in chunks {
+            reader.observe(&Bytes::copy_from_slice(chunk.as_bytes()));
+        }
+        reader.finish()
     }
 
-    async fn usage_of(content_type: &str, chunks: &[&str]) -> String {
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let stream = futures_util::stream::iter(
-            chunks
-                .iter()
-                .map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from(c.to_string()))))
-                .collect::<Vec<_>>(),
-        );
-        let body = http_body_util::StreamBody::new(stream).boxed_unsync();
-        let tap = UsageTap::wrap(body, Some(content_type), false, metrics.clone(), Some("gpt-4o"));
-        let bytes = tap.collect().await.unwrap().to_bytes();
-        assert_eq!(bytes, chunks.concat(), "bytes pass unchanged");
-        recorded().await;
-        String::from_utf8(metrics.render()).unwrap()
+    #[test]
+    fn reads_usage_from_json_split_across_frames() {
+        let (usage, _) = usage_of("application/json", &[r#"{"choices":[],"usage":{"prompt_"#, r#"tokens":120,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":64}}}"#]).unwrap();
+        assert_eq!(usage, Usage { prompt: 120, completion: 7, cached: 64, cache_write: 0 });
     }
 
-    #[tokio::test]
-    async fn reads_usage_from_json_split_across_frames() {
-        let text = usage_of("application/json", &[r#"{"choices":[],"usage":{"prompt_"#, r#"tokens":120,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":64}}}"#]).await;
-        assert!(
-            text.contains(
-                r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 120"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"foldgate_upstream_usage_tokens_total{kind="cached",model="gpt-4o"} 64"#
-            )
-        );
-        assert!(text.contains(
-            r#"foldgate_upstream_usage_tokens_total{kind="completion",model="gpt-4o"} 7"#
-        ));
-    }
-
-    #[tokio::test]
-    async fn reads_usage_from_the_final_sse_chunk() {
-        let text = usage_of(
+    #[test]
+    fn reads_usage_from_the_final_sse_chunk() {
+        let (usage, _) = usage_of(
             "text/event-stream",
             &[
                 "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
@@ -540,75 +363,34 @@ mod tests {
                 "age\":{\"prompt_tokens\":50,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
             ],
         )
-        .await;
-        assert!(
-            text.contains(
-                r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 50"#
-            ),
-            "{text}"
-        );
+        .unwrap();
+        assert_eq!(usage.prompt, 50);
+        assert_eq!(usage.completion, 2);
     }
 
-    #[tokio::test]
-    async fn records_when_the_body_reports_its_end_without_a_final_poll() {
-        // hyper stops polling once `is_end_stream()` is true, as for a complete
-        // content-length body, and drops the body: usage is recorded then, after the
-        // last bytes went out, never before.
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let json = r#"{"usage":{"prompt_tokens":9,"completion_tokens":1}}"#;
-        let mut tap = UsageTap::wrap(
-            full(json),
-            Some("application/json"),
-            false,
-            metrics.clone(),
-            Some("o3"),
-        );
-        let frame = tap.frame().await.unwrap().unwrap();
-        assert_eq!(frame.into_data().unwrap(), json);
-        assert!(tap.is_end_stream());
-        drop(tap);
-        recorded().await;
-        let text = String::from_utf8(metrics.render()).unwrap();
-        assert!(
-            text.contains(r#"foldgate_upstream_usage_tokens_total{kind="prompt",model="o3"} 9"#),
-            "{text}"
-        );
+    #[test]
+    fn other_and_compressed_bodies_are_ignored() {
+        assert_eq!(usage_of("text/plain", &[r#"{"usage":{"prompt_tokens":1}}"#]), None);
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
+        headers.insert(http::header::CONTENT_ENCODING, "gzip".parse().unwrap());
+        let mut reader = UsageReader::for_answer(&headers);
+        reader.observe(&Bytes::from_static(br#"{"usage":{"prompt_tokens":1}}"#));
+        assert_eq!(reader.finish(), None);
     }
 
-    #[tokio::test]
-    async fn other_bodies_are_ignored() {
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let tap = UsageTap::wrap(full("plain"), Some("text/plain"), false, metrics.clone(), None);
-        assert_eq!(tap.collect().await.unwrap().to_bytes(), "plain");
-        assert!(
-            !String::from_utf8(metrics.render()).unwrap().contains("upstream_usage_tokens_total{")
-        );
-    }
-
-    #[tokio::test]
-    async fn without_a_request_model_the_answering_model_labels_usage() {
-        let metrics = Arc::new(Metrics::new().unwrap());
+    #[test]
+    fn names_the_answering_model() {
         let json = r#"{"object":"response","model":"gpt-4.1-mini-2025-04-14","usage":{"input_tokens":30,"output_tokens":4,"input_tokens_details":{"cached_tokens":10}}}"#;
-        let tap =
-            UsageTap::wrap(full(json), Some("application/json"), false, metrics.clone(), None);
-        tap.collect().await.unwrap();
-        recorded().await;
-        let text = String::from_utf8(metrics.render()).unwrap();
-        let line = |kind: &str, n: u32| {
-            format!(
-                r#"foldgate_upstream_usage_tokens_total{{kind="{kind}",model="gpt-4.1-mini"}} {n}"#
-            )
-        };
-        assert!(text.contains(&line("prompt", 30)), "{text}");
-        assert!(text.contains(&line("completion", 4)));
-        assert!(text.contains(&line("cached", 10)));
-        assert!(text.contains(&line("uncached", 20)));
-        assert!(text.contains(&line("cache_write", 0)), "OpenAI reports no cache writes");
+        let (usage, model) = usage_of("application/json", &[json]).unwrap();
+        assert_eq!(usage, Usage { prompt: 30, completion: 4, cached: 10, cache_write: 0 });
+        assert_eq!(model.as_deref(), Some("gpt-4.1-mini-2025-04-14"));
+        assert_eq!(usage.prompt_split().uncached(), 20);
     }
 
-    #[tokio::test]
-    async fn reads_anthropic_usage_from_message_start_and_message_delta() {
-        let text = usage_of(
+    #[test]
+    fn reads_anthropic_usage_from_message_start_and_message_delta() {
+        let (usage, model) = usage_of(
             "text/event-stream",
             &[
                 "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"usage\":{\"input_tokens\":40,\"cache_creation_input_tokens\":10,\"cache_read_input_tokens\":50,\"output_tokens\":1}}}\n\n",
@@ -617,15 +399,10 @@ mod tests {
                 "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
             ],
         )
-        .await;
-        let line = |kind: &str, n: u32| {
-            format!(r#"foldgate_upstream_usage_tokens_total{{kind="{kind}",model="gpt-4o"}} {n}"#)
-        };
-        assert!(text.contains(&line("prompt", 100)), "{text}");
-        assert!(text.contains(&line("cached", 50)), "{text}");
-        assert!(text.contains(&line("cache_write", 10)), "{text}");
-        assert!(text.contains(&line("uncached", 40)), "{text}");
-        assert!(text.contains(&line("completion", 12)), "{text}");
+        .unwrap();
+        assert_eq!(usage, Usage { prompt: 100, completion: 12, cached: 50, cache_write: 10 });
+        assert_eq!(usage.prompt_split().uncached(), 40);
+        assert_eq!(model, None, "message_delta names no model");
         // A JSON answer: the cache tokens count as prompt tokens.
         let json = r#"{"type":"message","usage":{"input_tokens":7,"cache_read_input_tokens":3,"cache_creation_input_tokens":5,"output_tokens":2}}"#;
         assert_eq!(

@@ -1,8 +1,7 @@
 //! Who serves each of the providers' own compaction APIs (`[responses]`, `[messages]`):
 //! the upstream, foldgate, or in `auto` the upstream until it answers that it does not
 //! know the API (remembered per upstream, see [`crate::learned::unserved`]); and the key
-//! that seals foldgate's compaction items. Read by the dialects, the turn and the
-//! handlers of [`super::provider_compaction`].
+//! that seals foldgate's compaction items. Read by the dialects and the exchange.
 
 use crate::api::compaction_item::Sealer;
 use crate::config::ServedBy;

@@ -1,0 +1,390 @@
+//! One request of a compacted route (chat completions, Responses, Messages,
+//! `/v1/responses/compact`), from its body to its record: an [`Exchange`] holds the
+//! request's context, and its phases are its methods, in the order the request meets
+//! them. [`run`] drives them:
+//!
+//! 1. [`Exchange::read_body`]: the body, once, within `server.max_body_size`, decoded
+//!    when compressed (`super::request_body`).
+//! 2. [`Exchange::prepare`]: the provider compaction API the body asks for, taken out
+//!    when foldgate serves it (`super::provider_compaction`), and the headers to forward.
+//! 3. [`Exchange::decide`]: the conversation stage decides what to forward (`decide`):
+//!    from the outline when clearly below the trigger, else parsed and compacted.
+//! 4. [`Exchange::serve_provider_api`]: the provider compaction foldgate serves, folded
+//!    now; it may answer the request itself.
+//! 5. [`Exchange::forward`]: the body sent upstream.
+//! 6. [`Exchange::read_answer`]: the answer read as far as it tells of an overflow, or
+//!    of an upstream that refuses the provider compaction it was left (then foldgate
+//!    serves it and the exchange goes back to 2).
+//! 7. [`Exchange::retry_after_overflow`]: after an overflow no client byte has seen,
+//!    compacted deeper and sent once more.
+//! 8. [`Exchange::respond`]: the answer's head tagged, the provider compaction's
+//!    addition written into its body.
+//! 9. The end: the recorder ([`super::record`]) writes metrics, inspector entry, span,
+//!    usage and calibration when the answer's last byte was sent or the client left.
+//!
+//! Requests of other routes are forwarded as they are (`super::passthrough`), recorded
+//! by the same recorder.
+
+mod decide;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use super::body::{BodyProgress, ProxyBody, full};
+use super::dialect::Dialect;
+use super::error::ProxyError;
+use super::inspect::{EdgeFacts, Inspector};
+use super::overflow;
+use super::passthrough::{self, build_request, client_response};
+use super::provider_compaction::answer;
+use super::provider_compaction::on_request::{self, Addition};
+use super::provider_compaction::{CompactionApis, CompactionFamily, FoldFacts, Prepared};
+use super::record::{AnswerEnds, Operation, Record, team_of};
+use super::request_body::{self, ReceivedBody};
+use super::session_key::SessionHeaders;
+use super::upstream::Upstream;
+use crate::config::ServedBy;
+use crate::conversation::Conversations;
+use crate::metrics::Metrics;
+use crate::model::ChatRequest;
+use crate::summarizer::llm::SUMMARY_HEADER;
+use crate::vocab::Outcome;
+
+/// What the exchanges of the compacted routes share. Cheap to clone: every connection
+/// thread holds one.
+#[derive(Clone)]
+pub struct CompactedRoutes {
+    /// The conversation stage.
+    pub conversations: Conversations,
+    /// The headers naming a conversation (`session.header`).
+    pub session_header: SessionHeaders,
+    /// `compaction.enabled`.
+    pub enabled: bool,
+    /// The session inspector, when on (`admin.listen`): every request is recorded.
+    pub inspector: Option<Arc<Inspector>>,
+    /// Who serves the providers' own compaction APIs.
+    pub compaction_apis: Arc<CompactionApis>,
+}
+
+/// Where a request of a compacted route arrived and goes.
+#[derive(Clone, Copy)]
+pub struct Place<'a, D> {
+    /// What the compacted routes share.
+    pub routes: &'a CompactedRoutes,
+    /// The request's API shape.
+    pub dialect: &'a D,
+    /// Where it goes.
+    pub upstream: &'a Upstream,
+    /// Every metric (written only by the recorder).
+    pub metrics: &'a Arc<Metrics>,
+    /// `server.max_body_size` in bytes.
+    pub max_body: u64,
+}
+
+/// Runs one request of a compacted route through its exchange; how far its body was
+/// read goes to `progress`.
+pub async fn run<D: Dialect>(
+    place: Place<'_, D>,
+    request: Request<Incoming>,
+    progress: Arc<BodyProgress>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Place { routes, dialect, upstream, metrics, max_body } = place;
+    let summary_call = request.headers().contains_key(SUMMARY_HEADER);
+    if !routes.enabled || summary_call {
+        // A digest call of foldgate's own goes as it is; so does every request when
+        // compaction is off.
+        let mut record = Record::new(dialect.route(), Operation::Forward, Instant::now());
+        record.untaken = (!routes.enabled).then_some(Outcome::Disabled);
+        return passthrough::forward(upstream, max_body, metrics, request, progress, record).await;
+    }
+    let mut exchange = Exchange::read_body(place, request, progress).await?;
+    match exchange.phases().await {
+        Ok(answer) => Ok(exchange.respond(answer)),
+        Err(error) => {
+            exchange.record.failed(metrics);
+            Err(error)
+        }
+    }
+}
+
+/// True for a shape foldgate answers from the whole conversation when it serves its
+/// provider compaction (see [`CompactionFamily::answers_whole`]).
+pub fn answers_whole<D: Dialect>(dialect: &D) -> bool {
+    dialect.compaction().is_some_and(|family| family.answers_whole())
+}
+
+/// One request's exchange: its context, and its phases as methods.
+pub struct Exchange<'a, D: Dialect> {
+    place: Place<'a, D>,
+    parts: http::request::Parts,
+    /// The body as received, and its content.
+    received: ReceivedBody,
+    /// The body as prepared for the decision (see [`Exchange::prepare`]).
+    prepared: Prepared,
+    /// The headers to forward (see [`CompactionFamily::forwarded_headers`]).
+    headers: HeaderMap,
+    /// The parsed request and the origins of its messages; `None` until parsed (a
+    /// request decided from its outline never is).
+    parsed: Option<(Arc<ChatRequest>, D::Origins)>,
+    /// The request's key among learned windows.
+    model_key: String,
+    /// What is learned on the way, for the recorder.
+    record: Record,
+}
+
+/// The answer an exchange's phases came to.
+struct Answer {
+    response: Response<ProxyBody>,
+    /// What the provider compaction foldgate served adds to it.
+    addition: Option<Addition>,
+    /// It is the upstream's (its usage is counted); else foldgate's own.
+    upstream: bool,
+}
+
+/// How an upstream's answer was read.
+enum Read {
+    /// It stands, or tells of an error to judge (an overflow or not).
+    Answer(overflow::Read),
+    /// The upstream refused the provider compaction fields left for it.
+    Refused,
+}
+
+impl<'a, D: Dialect> Exchange<'a, D> {
+    /// Phase 1: reads the body, once (see [`request_body::read`]).
+    async fn read_body(
+        place: Place<'a, D>,
+        request: Request<Incoming>,
+        progress: Arc<BodyProgress>,
+    ) -> Result<Self, ProxyError> {
+        let (parts, body) = request.into_parts();
+        let operation =
+            if answers_whole(place.dialect) { Operation::Compact } else { Operation::Chat };
+        let mut record = Record::new(place.dialect.route(), operation, Instant::now());
+        record.team = team_of(place.metrics, &parts.headers);
+        let (received, coding) =
+            request_body::read(body, place.max_body, &parts.headers, progress).await;
+        record.encoded = coding;
+        let received = match received {
+            Ok(received) => received,
+            Err(error) => {
+                record.failed(place.metrics);
+                return Err(error);
+            }
+        };
+        record.started = Instant::now();
+        let prepared = Prepared::unchanged(received.content().unwrap_or(received.raw()));
+        let headers = HeaderMap::new();
+        Ok(Self {
+            place,
+            parts,
+            received,
+            prepared,
+            headers,
+            parsed: None,
+            model_key: String::new(),
+            record,
+        })
+    }
+
+    /// Phases 2 to 7, until an answer; again from 2 when the upstream refused the
+    /// provider compaction it was left.
+    async fn phases(&mut self) -> Result<Answer, ProxyError> {
+        if self.received.content().is_none() {
+            // Compressed in a way foldgate cannot undo: forwarded as received, uncompacted.
+            self.headers = self.parts.headers.clone();
+            return self.untaken().await;
+        }
+        let mut serve = self.foldgate_serves();
+        loop {
+            let may_refuse = self.prepare(serve)?;
+            if !self.decide().await {
+                if self.prepared.served.as_ref().is_some_and(|s| s.answered_here()) {
+                    return Err(ProxyError::InvalidRequest(
+                        "the body is not a request this gateway can read".to_owned(),
+                    ));
+                }
+                // A body foldgate does not understand goes as it is; the upstream answers.
+                return self.untaken().await;
+            }
+            let addition = self.serve_provider_api().await?;
+            if let Some(Addition::Answer { body, events }) = addition {
+                // foldgate's own answer: the upstream is never asked.
+                let response = answer::local(body, events);
+                return Ok(Answer { response, addition: None, upstream: false });
+            }
+            let response = self.forward(self.body()).await?;
+            let first = match self.read_answer(response, may_refuse).await {
+                Read::Refused => {
+                    self.learn_refused().await;
+                    serve = true;
+                    continue;
+                }
+                Read::Answer(first) => first,
+            };
+            let retry = match first.error.as_deref() {
+                Some(error) => self.retry_after_overflow(error).await,
+                None => None,
+            };
+            let response = match retry {
+                None => first.response,
+                Some(body) => {
+                    drop(first);
+                    client_response(self.forward(body).await?)
+                }
+            };
+            return Ok(Answer { response, addition, upstream: true });
+        }
+    }
+
+    /// True when foldgate serves the dialect's provider compaction API for this
+    /// upstream before asking it.
+    fn foldgate_serves(&self) -> bool {
+        let Place { routes, dialect, upstream, .. } = self.place;
+        let apis = &routes.compaction_apis;
+        let conversations = &routes.conversations;
+        let serves = |api| apis.foldgate_serves(api, conversations, upstream.name());
+        dialect.compaction().is_some_and(|family| serves(family.api()))
+    }
+
+    /// Phase 2: prepares the body for the decision (`serve`: foldgate serves the
+    /// provider compaction it asks for) and the headers to forward. True when the
+    /// upstream may refuse the provider compaction fields left for it (in `auto`, it is
+    /// then served here and the exchange goes back to this phase).
+    fn prepare(&mut self, serve: bool) -> Result<bool, ProxyError> {
+        let Place { routes, dialect, .. } = self.place;
+        let original = self.received.content().unwrap_or(self.received.raw());
+        let apis = &routes.compaction_apis;
+        let Some(family) = dialect.compaction() else {
+            self.prepared = Prepared::unchanged(original);
+            self.headers = self.parts.headers.clone();
+            return Ok(false);
+        };
+        let prepared = family.prepare(original, apis, serve).map_err(ProxyError::InvalidRequest)?;
+        self.headers = family.forwarded_headers(&self.parts.headers, &prepared);
+        let api = family.api();
+        if prepared.left_for_upstream {
+            self.record.provider_api = Some((api, false));
+        }
+        // In `auto`, an upstream that refuses the API is asked once.
+        let may_refuse = prepared.left_for_upstream && apis.served_by(api) == ServedBy::Auto;
+        self.prepared = prepared;
+        Ok(may_refuse)
+    }
+
+    /// Phase 4: serves the provider compaction foldgate took on: folds the request when
+    /// it is due; what to add to the answer, or foldgate's whole answer.
+    async fn serve_provider_api(&mut self) -> Result<Option<Addition>, ProxyError> {
+        let Some(served) = self.prepared.served.clone() else { return Ok(None) };
+        let fold = match served.fold_asked() {
+            Some(ask) => self.fold_whole(ask.when, ask.instructions).await,
+            None => None,
+        };
+        let facts = FoldFacts {
+            body: &self.prepared.body,
+            model: self.record.decided.as_ref().map_or("", |d| &d.model_name),
+            streams: self.streams(),
+        };
+        let apis = &self.place.routes.compaction_apis;
+        let served =
+            on_request::conclude(served, fold, &facts, apis).map_err(ProxyError::InvalidRequest)?;
+        self.record.notes.extend(served.notes);
+        if let Some(api) = served.api {
+            self.record.provider_api = Some((api, true));
+        }
+        Ok(served.addition)
+    }
+
+    /// Phase 5: sends `body` upstream with the client's method, path and (forwarded)
+    /// headers: the body as received when it is the content unchanged (compressed as it
+    /// came), else identity-encoded.
+    async fn forward(
+        &mut self,
+        body: Bytes,
+    ) -> Result<http::Response<super::upstream::UpstreamBody>, ProxyError> {
+        let mut headers = self.headers.clone();
+        let body = self.received.outgoing(body, &mut headers);
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let (method, uri) = (self.parts.method.clone(), &self.parts.uri);
+        let upstream = self.place.upstream;
+        let request = build_request(upstream, method, uri, headers, full(body))?;
+        let overhead = self.record.started.elapsed();
+        let sent = Instant::now();
+        let result = upstream.send(request).await;
+        self.record.sent(overhead, sent.elapsed());
+        result
+    }
+
+    /// Phase 6: reads the upstream's answer as far as it tells of an overflow (no byte
+    /// has reached the client yet), or of a refusal of the provider compaction fields
+    /// left for it when `may_refuse`.
+    async fn read_answer(
+        &mut self,
+        response: http::Response<super::upstream::UpstreamBody>,
+        may_refuse: bool,
+    ) -> Read {
+        let dialect = self.place.dialect;
+        let response = client_response(response);
+        let status = response.status();
+        let first = overflow::read(&dialect.overflow(), response, self.retryable()).await;
+        let error = first.error.as_deref();
+        let refused =
+            dialect.compaction().is_some_and(|c| c.refuses(status, error.unwrap_or_default()));
+        if may_refuse && refused {
+            return Read::Refused;
+        }
+        Read::Answer(first)
+    }
+
+    /// After a refusal: the upstream is remembered as not serving the API.
+    async fn learn_refused(&mut self) {
+        let Place { routes, dialect, upstream, .. } = self.place;
+        if let Some(family) = dialect.compaction() {
+            routes.conversations.learn_unserved(family.api(), upstream.name()).await;
+        }
+        self.record.provider_api = None;
+    }
+
+    /// Forwards the body as received: foldgate does not understand it.
+    async fn untaken(&mut self) -> Result<Answer, ProxyError> {
+        self.record.untaken = Some(Outcome::NotChat);
+        let raw = self.received.raw().clone();
+        let response = client_response(self.forward(raw).await?);
+        Ok(Answer { response, addition: None, upstream: true })
+    }
+
+    /// Phase 8: the answer for the client, its head tagged with what happened, the
+    /// provider compaction's addition written into its body, watched by the recorder
+    /// until it ends (phase 9).
+    fn respond(self, answer: Answer) -> Response<ProxyBody> {
+        let Answer { response, addition, upstream } = answer;
+        let mut response = match addition {
+            Some(addition) => answer::rewrite(response, |kind| addition.rewrite(kind)),
+            None => response,
+        };
+        let routes = self.place.routes;
+        let calibration = self.calibration().filter(|_| upstream);
+        let mut record = self.record;
+        record.tag(response.headers_mut());
+        let mut ends = AnswerEnds::metrics(self.place.metrics);
+        if record.decided.is_some() {
+            let conversations = &routes.conversations;
+            record.store_figures(conversations.active_sessions(), conversations.failovers_seen());
+        }
+        if let Some(decided) = &record.decided {
+            if let Some(inspector) = &routes.inspector {
+                let (key, model) = (&decided.key, crate::metrics::model_label(&decided.model_name));
+                let api = record.provider_api.filter(|(_, here)| *here).map(|(api, _)| api);
+                let edge = EdgeFacts { retried: record.retried(), api, notes: &record.notes };
+                ends.inspection =
+                    Some(inspector.entry(&self.parts.headers, key, model, &decided.decision, edge));
+            }
+        }
+        ends.calibration = calibration;
+        record.watch(response, upstream, ends)
+    }
+}

@@ -1,0 +1,84 @@
+//! Anthropic's `context_management` on `/v1/messages` (betas `context-management-2025-06-27`
+//! and `compact-2026-01-12`): clearing edits applied to the body, compaction blocks sent
+//! back expanded, and a `compact_20260112` edit folded by the exchange (see
+//! [`super::Served::MessagesEdits`]); the edits are read and written in
+//! [`crate::api::anthropic_edits`].
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use super::{CompactionApis, CompactionFamily, Prepared, Served, rejects_field};
+use crate::api::anthropic_edits;
+use crate::conversation::Encoding;
+use crate::vocab::CompactionApi;
+
+const ANTHROPIC_BETA: &str = "anthropic-beta";
+
+/// Anthropic Messages `context_management`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MessagesContext;
+
+impl CompactionFamily for MessagesContext {
+    fn api(&self) -> CompactionApi {
+        CompactionApi::MessagesContextManagement
+    }
+
+    /// When foldgate serves `context_management`: compaction blocks sent back become
+    /// their summary as user text (what they summarized dropped), the clearing edits are
+    /// applied (tokens counted with the engine's default encoding over the body's JSON,
+    /// an estimate), the field and its beta names are taken off.
+    fn prepare(
+        &self,
+        body: &Bytes,
+        _provider: &CompactionApis,
+        serve: bool,
+    ) -> Result<Prepared, String> {
+        let asked = memchr::memmem::find(body, b"\"context_management\"").is_some();
+        if !serve {
+            return Ok(Prepared { left_for_upstream: asked, ..Prepared::unchanged(body) });
+        }
+        let expanded = anthropic_edits::expand_compaction(body).unwrap_or_else(|| body.clone());
+        let Some(edits) = anthropic_edits::parse(&expanded).map_err(|e| e.to_string())? else {
+            return Ok(Prepared { served_here: true, ..Prepared::unchanged(&expanded) });
+        };
+        let body = anthropic_edits::without_context_management(&expanded).unwrap_or(expanded);
+        let count = |text: &str| Encoding::O200kBase.count(text);
+        let input_tokens = std::str::from_utf8(&body).map_or(0, count);
+        let cleared = anthropic_edits::apply_clearing(&body, &edits, input_tokens, &count);
+        Ok(Prepared {
+            body: cleared.body,
+            served: Some(Served::MessagesEdits { edits, applied: cleared.applied }),
+            left_for_upstream: false,
+            served_here: true,
+        })
+    }
+
+    /// Without the `anthropic-beta` names of the APIs foldgate serves, when it serves
+    /// them (on digest calls too, which take these headers).
+    fn forwarded_headers(&self, headers: &HeaderMap, prepared: &Prepared) -> HeaderMap {
+        let mut headers = headers.clone();
+        if !prepared.served_here {
+            return headers;
+        }
+        let betas: Vec<String> = headers
+            .get_all(ANTHROPIC_BETA)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .filter_map(anthropic_edits::strip_betas)
+            .collect();
+        headers.remove(ANTHROPIC_BETA);
+        for value in betas {
+            if let Ok(value) = http::HeaderValue::from_str(&value) {
+                headers.append(ANTHROPIC_BETA, value);
+            }
+        }
+        headers
+    }
+
+    /// Also a rejection of the beta header that enables the edits.
+    fn refuses(&self, _: StatusCode, error_body: &[u8]) -> bool {
+        let betas = [anthropic_edits::CONTEXT_MANAGEMENT_BETA, anthropic_edits::COMPACT_BETA];
+        rejects_field(error_body, "context_management")
+            || betas.iter().any(|beta| rejects_field(error_body, beta))
+    }
+}
