@@ -388,22 +388,48 @@ const MODEL_FAMILIES: [&str; 24] = [
 ];
 
 /// Maps a model name onto a bounded set: its family (longest known prefix, after any
-/// `provider/` part), or `other`.
+/// `provider/` part), or `other`. The last name mapped on each thread is remembered:
+/// most requests name the model the one before named.
 pub fn model_label(model: &str) -> &'static str {
-    let name = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
-    let name = name.strip_prefix("anthropic.").unwrap_or(&name);
-    MODEL_FAMILIES
-        .iter()
-        .filter(|family| {
-            name.starts_with(*family)
-                && name[family.len()..]
-                    .chars()
-                    .next()
-                    .is_none_or(|c| !c.is_ascii_alphanumeric() || family.len() > 4)
-        })
-        .max_by_key(|family| family.len())
-        .copied()
-        .unwrap_or("other")
+    thread_local! {
+        static LAST: std::cell::RefCell<(String, &'static str)> =
+            const { std::cell::RefCell::new((String::new(), "other")) };
+    }
+    LAST.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else { return family_of(model) };
+        if last.0 != model {
+            let label = family_of(model);
+            last.0.clear();
+            last.0.push_str(model);
+            last.1 = label;
+        }
+        last.1
+    })
+}
+
+/// The family [`model_label`] gives `model`, found afresh.
+fn family_of(model: &str) -> &'static str {
+    // Compared byte by byte, ignoring ASCII case, without a lowercased copy.
+    let name = model.rsplit('/').next().unwrap_or(model).as_bytes();
+    let name = match name.get(..10) {
+        Some(head) if head.eq_ignore_ascii_case(b"anthropic.") => &name[10..],
+        _ => name,
+    };
+    let first = name.first().map(u8::to_ascii_lowercase);
+    let mut best: Option<&'static str> = None;
+    for family in MODEL_FAMILIES {
+        let f = family.as_bytes();
+        let prefix = name.get(..f.len()).is_some_and(|h| h.eq_ignore_ascii_case(f));
+        if f.first().copied() != first || !prefix {
+            continue;
+        }
+        let next = name.get(f.len());
+        let boundary = next.is_none_or(|c| !c.is_ascii_alphanumeric() || f.len() > 4);
+        if boundary && best.is_none_or(|b| b.len() < f.len()) {
+            best = Some(family);
+        }
+    }
+    best.unwrap_or("other")
 }
 
 /// Every metric foldgate exports.
@@ -841,6 +867,12 @@ mod tests {
 
     #[test]
     fn model_names_are_normalised_into_a_bounded_set() {
+        // The last name is remembered: asked again, or after another, the same answer.
+        for _ in 0..2 {
+            assert_eq!(model_label("claude-sonnet-4-5"), "claude");
+            assert_eq!(model_label("claude-sonnet-4-5"), "claude");
+            assert_eq!(model_label("openai/GPT-4o-mini"), "gpt-4o-mini");
+        }
         assert_eq!(model_label("gpt-4o-2024-08-06"), "gpt-4o");
         assert_eq!(model_label("gpt-4o-mini"), "gpt-4o-mini");
         assert_eq!(model_label("openai/gpt-4.1-mini"), "gpt-4.1-mini");

@@ -295,6 +295,69 @@ async fn prompt_is_too_long_is_retried_compacted_and_teaches_the_window() {
     assert_eq!(anthropic.forwarded().len(), 3);
 }
 
+#[tokio::test]
+async fn an_answer_stopped_at_the_context_window_is_retried_compacted() {
+    // Anthropic's `model_context_window_exceeded` stop reason, in a JSON answer and in a
+    // stream's `message_delta` before any content: read as an overflow, like a 400.
+    // A prompt longer than half the conversation as sent stops at the window.
+    let body = serde_json::to_vec(&params(40)).unwrap();
+    let window = body.len() / 2;
+    let anthropic = MockUpstream::start(Arc::new(move |rec: Recorded| {
+        let streamed = json(&rec.body)["stream"] == true;
+        let stopped = rec.body.len() > window && !rec.headers.contains_key("x-foldgate-summary");
+        Box::pin(async move {
+            match (streamed, stopped) {
+                (false, true) => json_response(r#"{"type":"message","role":"assistant","content":[],"stop_reason":"model_context_window_exceeded","usage":{"input_tokens":9000,"output_tokens":0}}"#),
+                (false, false) => json_response(r#"{"type":"message","role":"assistant","content":[{"type":"text","text":"Done."}],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":1}}"#),
+                (true, stopped) => {
+                    let stop = if stopped { "model_context_window_exceeded" } else { "end_turn" };
+                    let mut events = String::from("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":5,\"output_tokens\":0}}}\n\n");
+                    if !stopped {
+                        events.push_str("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Done.\"}}\n\nevent: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n");
+                    }
+                    events.push_str(&format!("event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{stop}\"}},\"usage\":{{\"output_tokens\":1}}}}\n\nevent: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"));
+                    let mut r = response(200, events);
+                    r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+                    r
+                }
+            }
+        })
+    }))
+    .await;
+    let mut config = config_for("http://127.0.0.1:9/v1");
+    config.upstream.anthropic_url = format!("http://{}", anthropic.addr);
+    let proxy = Proxy::start(config).await;
+    let (status, headers, answer) = send(messages_request(&proxy, body.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-retried"], "1");
+    assert_eq!(json(&answer)["stop_reason"], "end_turn", "the client gets the retry's answer");
+    let mut streamed = params(40);
+    streamed["stream"] = json!(true);
+    let streamed = serde_json::to_vec(&streamed).unwrap();
+    let (status, headers, answer) = send(messages_request(&proxy, streamed)).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-foldgate-retried"], "1");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("Done.") && !text.contains("model_context_window_exceeded"), "{text}");
+    assert_eq!(text.matches("message_start").count(), 2, "one stream, the retry's: {text}");
+    let recorded: Vec<Recorded> = anthropic
+        .forwarded()
+        .into_iter()
+        .filter(|r| !r.headers.contains_key("x-foldgate-summary"))
+        .collect();
+    assert_eq!(recorded.len(), 4, "two tries of each");
+    assert_eq!(recorded[0].body, body, "the first try went as sent");
+    assert!(recorded[1].body.len() < window, "the retry compacted");
+    assert_valid(&recorded[1].body);
+}
+
+/// A 200 JSON answer with `body`.
+fn json_response(body: &'static str) -> http::Response<TestBody> {
+    let mut r = response(200, body);
+    r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    r
+}
+
 /// An Anthropic mock that counts a prompt as 1.5 tokens per byte of its body in the
 /// conversation `dense` (about 3.6 times the engine's count, as for text Claude's
 /// tokenizer splits finer) and as 0.4 per byte elsewhere (about 0.95 times it).

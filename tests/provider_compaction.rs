@@ -30,13 +30,23 @@ const KEY: &str = "Zm9sZGdhdGUtdGVzdC1rZXktMzItYnl0ZXMtbG9uZyE=";
 
 const UNKNOWN_PARAMETER: &str = r#"{"error":{"message":"Unknown parameter: 'context_management'.","type":"invalid_request_error","param":"context_management","code":"unknown_parameter"}}"#;
 
-/// A Responses provider that knows neither `/responses/compact` (404) nor
-/// `context_management` (400 unknown parameter), as vLLM or Ollama.
+const UNKNOWN_ITEM: &str = r#"{"error":{"message":"Invalid value: 'compaction_trigger'. Supported values are: 'message', 'function_call', 'function_call_output' and 'reasoning'.","type":"invalid_request_error","param":"input[-1].type","code":"invalid_value"}}"#;
+
+/// A Responses provider that knows neither `/responses/compact` (404), nor
+/// `context_management` (400 unknown parameter), nor the `compaction_trigger` item (400
+/// invalid value), as vLLM or Ollama.
 fn bare_provider() -> Handler {
     let inner = responses_provider();
     Arc::new(move |rec: Recorded| {
         if rec.uri.path().ends_with("/responses/compact") {
             return Box::pin(async { response(404, r#"{"detail":"Not Found"}"#) });
+        }
+        if memchr::memmem::find(&rec.body, b"compaction_trigger").is_some() {
+            return Box::pin(async {
+                let mut r = response(400, UNKNOWN_ITEM);
+                r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                r
+            });
         }
         if memchr::memmem::find(&rec.body, b"\"context_management\"").is_some() {
             return Box::pin(async {
@@ -310,12 +320,18 @@ fn bare_anthropic() -> Handler {
     let inner = common::messages_api::anthropic_provider();
     Arc::new(move |rec: Recorded| {
         let field = memchr::memmem::find(&rec.body, b"\"context_management\"").is_some();
+        // On-demand compaction: the top-level field (a block is `"type":"compaction"`).
+        let summarize = json(&rec.body).get("compaction").is_some();
         let beta = rec.headers.get_all("anthropic-beta").iter().any(|v| {
             let v = v.to_str().unwrap_or("");
-            v.contains("context-management-2025-06-27") || v.contains("compact-2026-01-12")
+            ["context-management-2025-06-27", "compact-2026-01-12", "compact-2026-09-04"]
+                .iter()
+                .any(|beta| v.contains(beta))
         });
-        if field || beta {
-            let message = if field {
+        if field || summarize || beta {
+            let message = if summarize {
+                "compaction: Extra inputs are not permitted"
+            } else if field {
                 "context_management: Extra inputs are not permitted"
             } else {
                 "Unexpected value(s) `context-management-2025-06-27` for the `anthropic-beta` header"
@@ -499,6 +515,117 @@ async fn the_anthropic_sdk_gets_context_management_from_foldgate() {
 
 const ANTHROPIC_SCRIPT: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_compaction_check.py");
+
+const TRIGGER_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_trigger_check.py");
+
+#[tokio::test]
+async fn codex_s_compaction_trigger_is_served_for_an_upstream_without_it() {
+    if !common::tools::python_module_available("openai") {
+        return;
+    }
+    let mock = MockUpstream::start(bare_provider()).await;
+    let proxy = Proxy::start(compaction_config(&mock.url())).await;
+    let items = session_items(6);
+    let session = json!({"items": items});
+    let base_url = format!("http://{}/v1", proxy.addr);
+    let lines = tokio::task::spawn_blocking(move || {
+        run_compaction_script(TRIGGER_SCRIPT, base_url, &session)
+    })
+    .await
+    .unwrap();
+    // Exactly one compaction item, sealed by foldgate, with usage; streamed as the
+    // Responses API streams an answer.
+    let trigger = check(&lines, "trigger");
+    assert_eq!(trigger["types"], json!(["compaction"]), "{trigger}");
+    assert!(trigger["encrypted"].as_str().unwrap().starts_with(SEALED_PREFIX), "{trigger}");
+    assert!(trigger["input_tokens"].as_u64().unwrap() > 0, "{trigger}");
+    let streamed = check(&lines, "trigger_stream");
+    assert_eq!(streamed["types"], json!(["compaction"]), "{streamed}");
+    assert_eq!(
+        streamed["events"],
+        json!([
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.completed"
+        ]),
+        "{streamed}"
+    );
+    assert!(!check(&lines, "next")["text"].as_str().unwrap().is_empty());
+    // The upstream: asked once with the trigger (it refused), never again; the next
+    // turn reached it readable: the digest as an assistant message, no sealed content.
+    let forwarded = mock.forwarded();
+    let with_trigger = forwarded
+        .iter()
+        .filter(|r| memchr::memmem::find(&r.body, b"compaction_trigger").is_some())
+        .count();
+    assert_eq!(with_trigger, 1, "asked once, in auto");
+    let next = forwarded.last().unwrap();
+    assert_opened(&next.body, &[json!({"role": "user", "content": "Now run the parser tests."})]);
+}
+
+const SUMMARIZE_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_summarize_check.py");
+
+#[tokio::test]
+async fn the_anthropic_sdk_gets_on_demand_compaction_from_foldgate() {
+    if !common::tools::python_module_available("anthropic") {
+        return;
+    }
+    use common::messages_api::{assert_valid, params};
+    let anthropic = MockUpstream::start(bare_anthropic()).await;
+    let mut config = compaction_config(&anthropic.url());
+    config.upstream.anthropic_url = anthropic.url();
+    config.summarizer.kind = foldgate::config::SummarizerKind::Llm;
+    let proxy = Proxy::start(config).await;
+    let params = params(24);
+    let session = json!({"params": params});
+    let base_url = format!("http://{}", proxy.addr);
+    let lines = tokio::task::spawn_blocking(move || {
+        run_compaction_script(SUMMARIZE_SCRIPT, base_url, &session)
+    })
+    .await
+    .unwrap();
+    // The answer holds the compaction block alone, plain and streamed.
+    for name in ["summarize", "summarize_stream"] {
+        let line = check(&lines, name);
+        assert_eq!(line["types"], json!(["compaction"]), "{line}");
+        assert_eq!(line["stop_reason"], "compaction", "{line}");
+        assert!(!line["summary"].as_str().unwrap_or("").is_empty(), "{line}");
+    }
+    let next = check(&lines, "next");
+    assert_eq!(next["types"][0], "text", "{next}");
+    let combined = check(&lines, "combined");
+    assert_eq!(combined["status"], 400, "{combined}");
+    assert!(combined["message"].as_str().unwrap().contains("context_management"), "{combined}");
+
+    // The upstream: asked once with the field (it refused), never again; the next turn
+    // reached it readable, its summary as user text first, nothing it summarized.
+    let forwarded = anthropic.forwarded();
+    let with_field = forwarded.iter().filter(|r| json(&r.body).get("compaction").is_some());
+    assert_eq!(with_field.count(), 1, "asked once, in auto");
+    let next = forwarded.last().unwrap();
+    assert_valid(&next.body);
+    let body = json(&next.body);
+    let messages = body["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["role"], "user", "{body}");
+    let summary = check(&lines, "summarize")["summary"].as_str().unwrap().to_owned();
+    let texts = texts(&next.body);
+    assert!(texts.iter().any(|t| t.contains(&summary)), "the summary forwarded: {texts:?}");
+    assert!(texts.iter().any(|t| t == "Go on with the parser."), "{texts:?}");
+    assert!(!texts.iter().any(|t| t.contains("fn item_0_0")), "what it summarized is gone");
+    assert!(next.headers.get_all("anthropic-beta").iter().next().is_none(), "beta served here");
+    // The instructions reached the model summarizer.
+    let asked =
+        anthropic.recorded().into_iter().filter(|r| r.headers.contains_key("x-foldgate-summary"));
+    assert!(
+        asked.into_iter().any(|r| {
+            memchr::memmem::find(&r.body, b"Name every module that was read.").is_some()
+        })
+    );
+}
 
 #[tokio::test]
 async fn an_anthropic_upstream_with_context_management_gets_it_byte_for_byte() {

@@ -12,7 +12,9 @@
 //! - the answer: [`decorate_message`] (whole JSON) and [`CompactionInjector`] (event
 //!   stream) put the compaction block first and report `context_management` and
 //!   `usage.iterations`; [`paused_message`] and [`paused_stream`] answer a request that
-//!   pauses after compaction, without an upstream call.
+//!   pauses after compaction, without an upstream call;
+//! - on-demand compaction (`compaction: {"type": "summarize"}`): [`parse_summarize`] reads
+//!   it, [`summary_message`] and [`summary_stream`] answer with the block alone.
 //!
 //! Every function is deterministic (same input, same bytes) and keeps every byte it
 //! does not need to change; untrusted input never panics.
@@ -28,13 +30,14 @@ use bytes::Bytes;
 
 pub use answer::{
     AnswerEdits, CompactionAnswer, Usage, compaction_block, compaction_events, context_management,
-    decorate_message, paused_message, paused_stream,
+    decorate_message, paused_message, paused_stream, summary_message, summary_stream,
 };
 pub use clear::{AppliedEdit, CLEARED, clear_thinking, clear_tool_uses};
 pub use compacted::expand_compaction;
 pub use config::{
     ClearInputs, ClearThinking, ClearToolUses, Compact, ContextManagement, DEFAULT_CLEAR_TRIGGER,
-    DEFAULT_COMPACT_TRIGGER, DEFAULT_KEEP_TOOL_USES, Edit, EditError, ThinkingKeep, Trigger, parse,
+    DEFAULT_COMPACT_TRIGGER, DEFAULT_KEEP_TOOL_USES, Edit, EditError, Summarize, ThinkingKeep,
+    Trigger, parse, parse_summarize,
 };
 pub use stream::CompactionInjector;
 
@@ -44,6 +47,8 @@ use crate::api::json_text::remove_members;
 pub const CONTEXT_MANAGEMENT_BETA: &str = "context-management-2025-06-27";
 /// The beta that enables `compact_20260112`.
 pub const COMPACT_BETA: &str = "compact-2026-01-12";
+/// The beta that enables on-demand compaction (the top-level `compaction` field).
+pub const SUMMARIZE_BETA: &str = "compact-2026-09-04";
 
 /// A request body after the clearing edits, and what they did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,13 +98,21 @@ pub fn without_context_management(body: &[u8]) -> Option<Bytes> {
     remove_members(text, "context_management").map(Bytes::from)
 }
 
+/// `body` without its top-level `compaction` field (on-demand compaction); `None` when
+/// it has none.
+pub fn without_summarize(body: &[u8]) -> Option<Bytes> {
+    let text = std::str::from_utf8(body).ok()?;
+    remove_members(text, "compaction").map(Bytes::from)
+}
+
 /// An `anthropic-beta` header value (comma-separated names) without
-/// [`CONTEXT_MANAGEMENT_BETA`] and [`COMPACT_BETA`]: the value as received when it names
+/// [`CONTEXT_MANAGEMENT_BETA`], [`COMPACT_BETA`] and [`SUMMARIZE_BETA`]: the value as received when it names
 /// neither, the other names joined by `,` when it does, `None` when none remain.
 pub fn strip_betas(value: &str) -> Option<String> {
     let ours = |name: &str| {
-        name.eq_ignore_ascii_case(CONTEXT_MANAGEMENT_BETA)
-            || name.eq_ignore_ascii_case(COMPACT_BETA)
+        [CONTEXT_MANAGEMENT_BETA, COMPACT_BETA, SUMMARIZE_BETA]
+            .iter()
+            .any(|beta| name.eq_ignore_ascii_case(beta))
     };
     let names: Vec<&str> = value.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
     if !names.iter().any(|n| ours(n)) {

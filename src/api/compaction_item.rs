@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::{ListWriter, Origins, range_in};
+use super::{ListWriter, Origins, json_text, range_in};
 use crate::config::COMPACTION_KEY_LEN;
 
 /// What every `encrypted_content` foldgate seals starts with (format version 1).
@@ -135,6 +135,35 @@ pub fn item(id: &str, encrypted_content: &str) -> String {
         "created_by": "foldgate",
     })
     .to_string()
+}
+
+/// `body` without the `compaction_trigger` item that ends its `input` (Codex's remote
+/// compaction: the request asks for its conversation to be compacted); `None` when its
+/// last input item is not one. Every other byte as received.
+pub fn take_trigger(body: &[u8]) -> Option<Vec<u8>> {
+    // Most bodies do not name it: they are not parsed.
+    memchr::memmem::find(body, b"compaction_trigger")?;
+    let text = std::str::from_utf8(body).ok()?;
+    let object = json_text::Object::parse(text)?;
+    let input = object.get("input")?.value.clone();
+    let items = json_text::array_items(text.get(input.clone())?)?;
+    let (last, range) = items.last()?;
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<&'a str>,
+    }
+    let typed: Typed<'_> = serde_json::from_str(last).ok()?;
+    if typed.kind != Some("compaction_trigger") {
+        return None;
+    }
+    // From the end of the item before it (or the opening bracket) to the trigger's end.
+    let start = match items.len() {
+        1 => 1,
+        n => items[n - 2].1.end,
+    };
+    let cut = input.start + start..input.start + range.end;
+    json_text::splice(text, cut, "").map(String::into_bytes)
 }
 
 /// The assistant message the upstream reads in place of an item holding `sealed`.
@@ -340,5 +369,26 @@ mod context_tests {
         assert!(take_context_management(bad).unwrap_err().contains("truncate"));
         let bad = br#"{"context_management":[{"type":"compaction","compact_threshold":-1}]}"#;
         assert!(take_context_management(bad).is_err());
+    }
+
+    #[test]
+    fn a_trailing_compaction_trigger_is_taken_out_and_nothing_else() {
+        let take =
+            |body: &str| take_trigger(body.as_bytes()).map(|b| String::from_utf8(b).unwrap());
+        assert_eq!(
+            take(r#"{"model":"m","input":[{"role":"user","content":"hi"}, {"type":"compaction_trigger"}],"stream":true}"#)
+                .as_deref(),
+            Some(r#"{"model":"m","input":[{"role":"user","content":"hi"}],"stream":true}"#)
+        );
+        assert_eq!(
+            take(r#"{"input":[ {"type":"compaction_trigger","id":"t1"} ]}"#).as_deref(),
+            Some(r#"{"input":[ ]}"#)
+        );
+        // Not last, not an item, or named in text: the request is an ordinary one.
+        let middle = r#"{"input":[{"type":"compaction_trigger"},{"role":"user","content":"x"}]}"#;
+        assert_eq!(take(middle), None);
+        assert_eq!(take(r#"{"input":[{"role":"user","content":"compaction_trigger"}]}"#), None);
+        assert_eq!(take(r#"{"input":"compaction_trigger"}"#), None);
+        assert_eq!(take("not json compaction_trigger"), None);
     }
 }

@@ -1,6 +1,7 @@
 //! An output item foldgate adds in front of a Responses answer (`POST /v1/responses`),
 //! such as the `compaction` item of a compaction it made: in a whole answer
-//! ([`insert_output_item`]) and in an event stream ([`OutputItemInjector`]).
+//! ([`insert_output_item`]) and in an event stream ([`OutputItemInjector`]); and the
+//! whole answer of a request foldgate compacts itself ([`compaction_answer`]).
 //!
 //! In a stream the item is announced right after the leading events
 //! (`response.created`, `response.in_progress`, `response.queued`) as
@@ -14,6 +15,58 @@
 
 use super::event_stream::{self, Flow, Rewriting};
 use super::json_text::{Object, edit_member, is_object, prepend_item, splice};
+
+/// foldgate's whole answer to a request it compacts itself (Codex's `compaction_trigger`):
+/// a Response of `model` whose `output` is `item` alone, with `input_tokens` and
+/// `output_tokens` as its usage; as an event stream when `events` (`response.created`,
+/// `response.in_progress`, the item's `response.output_item.added` and `done`,
+/// `response.completed`), else one JSON object.
+pub fn compaction_answer(
+    item: &str,
+    model: &str,
+    (input_tokens, output_tokens): (u64, u64),
+    events: bool,
+) -> Vec<u8> {
+    let item: serde_json::Value = serde_json::from_str(item).unwrap_or_default();
+    let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let usage = serde_json::json!({
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    });
+    let response = |status: &str, output: serde_json::Value, usage: serde_json::Value| {
+        serde_json::json!({
+            "id": id, "object": "response", "created_at": created, "status": status,
+            "model": model, "output": output, "usage": usage,
+        })
+    };
+    let done = response("completed", serde_json::json!([item]), usage);
+    if !events {
+        return done.to_string().into_bytes();
+    }
+    let started = response("in_progress", serde_json::json!([]), serde_json::Value::Null);
+    let stream = [
+        ("response.created", serde_json::json!({"response": started})),
+        ("response.in_progress", serde_json::json!({"response": started})),
+        ("response.output_item.added", serde_json::json!({"output_index": 0, "item": item})),
+        ("response.output_item.done", serde_json::json!({"output_index": 0, "item": item})),
+        ("response.completed", serde_json::json!({"response": done})),
+    ];
+    let mut out = Vec::new();
+    for (number, (kind, mut data)) in stream.into_iter().enumerate() {
+        if let Some(map) = data.as_object_mut() {
+            map.insert("type".to_owned(), kind.into());
+            map.insert("sequence_number".to_owned(), number.into());
+        }
+        out.extend(event_stream::event(kind, &data.to_string()));
+    }
+    out
+}
 
 /// The events that open a Responses stream, before any output.
 const LEADING: [&str; 3] = ["response.created", "response.in_progress", "response.queued"];

@@ -8,6 +8,9 @@
 //!   nothing ([`StreamEvent::Leading`]), up to and including the first that does. Those
 //!   few events reach the client late, with that first event, not as they came.
 //!
+//! - for an API whose successful JSON answers may tell of an overflow (Anthropic's
+//!   `stop_reason: "model_context_window_exceeded"`): the answer, whole.
+//!
 //! Both reads stop at [`OVERFLOW_PEEK_LIMIT`] bytes. An answer that stands (not an
 //! overflow, over the limit, ended or failed while read) reaches the client unchanged:
 //! every byte read, in order, then the rest as it comes.
@@ -45,6 +48,15 @@ pub async fn read<O: OverflowSignals>(
     let status = response.status();
     if signals.may_overflow(status) {
         return error_body(response).await;
+    }
+    if retryable && status == StatusCode::OK && signals.overflows_in_answer() {
+        let json = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.to_str().is_ok_and(|v| v.starts_with("application/json")));
+        if json {
+            return error_body(response).await;
+        }
     }
     let stream = status == StatusCode::OK && signals.overflows_in_stream();
     if retryable && stream && is_events(response.headers()) {

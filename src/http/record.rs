@@ -24,6 +24,17 @@ use crate::session::SessionKey;
 use crate::telemetry::span::{self, TurnRecord, UsageRecord};
 use crate::vocab::{CompactionApi, ContentCoding, Outcome};
 
+// The `x-foldgate-*` headers, made once (a name made at run time is checked each time).
+const OUTCOME: HeaderName = HeaderName::from_static("x-foldgate-outcome");
+const SESSION: HeaderName = HeaderName::from_static("x-foldgate-session");
+const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-foldgate-tokens-before");
+const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-foldgate-tokens-after");
+const TIER: HeaderName = HeaderName::from_static("x-foldgate-tier");
+const FOLD_WAIT: HeaderName = HeaderName::from_static("x-foldgate-fold-wait-ms");
+const RETRIED: HeaderName = HeaderName::from_static("x-foldgate-retried");
+const LEARNED_WINDOW: HeaderName = HeaderName::from_static("x-foldgate-learned-window");
+const SERVED_BY: HeaderName = HeaderName::from_static("x-foldgate-served-by");
+
 /// What an exchange learned about its request, as it went.
 pub struct Record {
     /// The request's route.
@@ -34,8 +45,9 @@ pub struct Record {
     /// The outcome of a request of a compacted route that no decision took (compaction
     /// off, a body foldgate does not understand); a decided request's is its decision's.
     pub untaken: Option<Outcome>,
-    /// The conversation's decision, once made.
-    pub decided: Option<Decided>,
+    /// The conversation's decision, once made (boxed: the record moves with the answer,
+    /// and most requests have one).
+    pub decided: Option<Box<Decided>>,
     /// The request's team label (`metrics.team_header`), when usage is counted by team.
     pub team: Option<Arc<str>>,
     /// How the body's `Content-Encoding` was read, when it had one.
@@ -74,6 +86,8 @@ pub struct Decided {
     pub key: SessionKey,
     /// The request's `model`, as sent.
     pub model_name: String,
+    /// Its label (see [`model_label`]), found once.
+    pub model: &'static str,
     /// The window learned from an earlier overflow that the request was planned against.
     pub learned: Option<usize>,
     /// What the conversation stage decided (after the retry, the retry's).
@@ -134,38 +148,35 @@ impl Record {
 
     /// The request's model label (`None`: unknown, the answer's is used).
     fn model(&self) -> Option<&'static str> {
-        self.decided.as_ref().map(|d| model_label(&d.model_name))
+        self.decided.as_ref().map(|d| d.model)
     }
 
     /// Says in `x-foldgate-*` headers what happened to a decided request.
     pub fn tag(&self, headers: &mut HeaderMap) {
         let Some(decided) = &self.decided else { return };
         let decision = &decided.decision;
-        let mut set = |name: &'static str, value: HeaderValue| {
-            headers.insert(HeaderName::from_static(name), value);
-        };
-        set("x-foldgate-outcome", HeaderValue::from_static(decision.outcome.as_str()));
+        headers.insert(OUTCOME, HeaderValue::from_static(decision.outcome.as_str()));
         if let Ok(value) = HeaderValue::from_str(decided.key.as_str()) {
-            set("x-foldgate-session", value);
+            headers.insert(SESSION, value);
         }
         if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
-            set("x-foldgate-tokens-before", HeaderValue::from(*tokens_before));
-            set("x-foldgate-tokens-after", HeaderValue::from(*tokens_after));
-            set("x-foldgate-tier", HeaderValue::from(u16::from(tier.number())));
+            headers.insert(TOKENS_BEFORE, HeaderValue::from(*tokens_before));
+            headers.insert(TOKENS_AFTER, HeaderValue::from(*tokens_after));
+            headers.insert(TIER, HeaderValue::from(u16::from(tier.number())));
         }
         if !decision.fold_wait.is_zero() {
             let millis = u64::try_from(decision.fold_wait.as_millis()).unwrap_or(u64::MAX);
-            set("x-foldgate-fold-wait-ms", HeaderValue::from(millis));
+            headers.insert(FOLD_WAIT, HeaderValue::from(millis));
         }
         if self.retried() {
-            set("x-foldgate-retried", HeaderValue::from_static("1"));
+            headers.insert(RETRIED, HeaderValue::from_static("1"));
         }
         // The request was planned against a window learned from an earlier overflow error.
         if let Some(window) = decided.learned {
-            set("x-foldgate-learned-window", HeaderValue::from(window));
+            headers.insert(LEARNED_WINDOW, HeaderValue::from(window));
         }
         if self.provider_api.is_some_and(|(_, here)| here) && self.operation == Operation::Compact {
-            set("x-foldgate-served-by", HeaderValue::from_static("foldgate"));
+            headers.insert(SERVED_BY, HeaderValue::from_static("foldgate"));
         }
     }
 
@@ -276,7 +287,7 @@ pub struct AnswerEnds {
     /// Every metric.
     pub metrics: Arc<Metrics>,
     /// The request's inspector entry, to write with the usage (inspector on).
-    pub inspection: Option<PendingRecord>,
+    pub inspection: Option<Box<PendingRecord>>,
     /// The token count to calibrate against the usage the upstream reports.
     pub calibration: Option<Counted>,
 }

@@ -147,7 +147,7 @@ pub fn compaction_events(summary: &str) -> Vec<u8> {
     let delta = json!({
         "type": "content_block_delta",
         "index": 0,
-        "delta": {"type": "compaction_delta", "content": summary},
+        "delta": {"type": "compaction_delta", "content": Some(summary).filter(|s| !s.is_empty())},
     });
     let events = [
         (
@@ -184,20 +184,7 @@ pub fn paused_message(
     applied: &[AppliedEdit],
 ) -> Vec<u8> {
     let cm: Value = serde_json::from_str(&context_management(applied)).unwrap_or(Value::Null);
-    let block: Value = json!({"type": "compaction", "content": c.summary});
-    json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [block],
-        "stop_reason": "compaction",
-        "stop_sequence": null,
-        "usage": paused_usage(c),
-        "context_management": cm,
-    })
-    .to_string()
-    .into_bytes()
+    block_message(id, model, c, Some(cm))
 }
 
 /// [`paused_message`] as an event stream: `message_start` (no content), the compaction
@@ -210,6 +197,47 @@ pub fn paused_stream(
     applied: &[AppliedEdit],
 ) -> Vec<u8> {
     let cm: Value = serde_json::from_str(&context_management(applied)).unwrap_or(Value::Null);
+    block_stream(id, model, c, Some(cm))
+}
+
+/// The answer of an on-demand compaction request (`compaction: {"type": "summarize"}`):
+/// a Message with the compaction block alone, `stop_reason` `compaction`, no
+/// `context_management`. An empty summary (nothing to summarize) is a block whose
+/// `content` is null, which a later request may send back as a no-op.
+pub fn summary_message(id: &str, model: &str, c: &CompactionAnswer) -> Vec<u8> {
+    block_message(id, model, c, None)
+}
+
+/// [`summary_message`] as an event stream.
+pub fn summary_stream(id: &str, model: &str, c: &CompactionAnswer) -> Vec<u8> {
+    block_stream(id, model, c, None)
+}
+
+/// A Message holding only `c`'s compaction block; with `cm` as its
+/// `context_management` when given.
+fn block_message(id: &str, model: &str, c: &CompactionAnswer, cm: Option<Value>) -> Vec<u8> {
+    let content = Some(c.summary.as_str()).filter(|s| !s.is_empty());
+    let block: Value = json!({"type": "compaction", "content": content});
+    let mut message = json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [block],
+        "stop_reason": "compaction",
+        "stop_sequence": null,
+        "usage": paused_usage(c),
+    });
+    if let (Some(cm), Some(map)) = (cm, message.as_object_mut()) {
+        map.insert("context_management".to_owned(), cm);
+    }
+    message.to_string().into_bytes()
+}
+
+/// [`block_message`] as an event stream: `message_start` (no content), the compaction
+/// block's events, `message_delta` (`stop_reason` `compaction`, the usage and `cm`),
+/// `message_stop`.
+fn block_stream(id: &str, model: &str, c: &CompactionAnswer, cm: Option<Value>) -> Vec<u8> {
     let start = json!({"type": "message_start", "message": {
         "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": null, "stop_sequence": null,
@@ -220,12 +248,14 @@ pub fn paused_stream(
     if let Some(map) = usage.as_object_mut() {
         map.retain(|k, _| k == "output_tokens" || k == "iterations");
     }
-    let delta = json!({
+    let mut delta = json!({
         "type": "message_delta",
         "delta": {"stop_reason": "compaction", "stop_sequence": null},
         "usage": usage,
-        "context_management": cm,
     });
+    if let (Some(cm), Some(map)) = (cm, delta.as_object_mut()) {
+        map.insert("context_management".to_owned(), cm);
+    }
     let mut out = event_stream::event("message_start", &start.to_string());
     out.extend(compaction_events(&c.summary));
     out.extend(event_stream::event("message_delta", &delta.to_string()));

@@ -178,6 +178,51 @@ pub fn parse(body: &[u8]) -> Result<Option<ContextManagement>, EditError> {
     Ok(Some(ContextManagement { edits }))
 }
 
+/// On-demand compaction (`compaction: {"type": "summarize", "instructions"?}`, beta
+/// `compact-2026-09-04`): the whole conversation summarized into one `compaction` block,
+/// the answer holding that block alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summarize {
+    /// The client's summarization instructions; empty or whitespace-only ones count as
+    /// absent.
+    pub instructions: Option<String>,
+}
+
+/// Reads the body's top-level `compaction` field: `Ok(None)` when it has none (or
+/// `null`). It cannot be combined with `context_management`.
+pub fn parse_summarize(body: &[u8]) -> Result<Option<Summarize>, EditError> {
+    let text = std::str::from_utf8(body).map_err(|_| EditError::NotAnObject)?;
+    let object = Object::parse(text).ok_or(EditError::NotAnObject)?;
+    let Some(raw) = object.value(text, "compaction") else { return Ok(None) };
+    let value: Value = serde_json::from_str(raw).map_err(|_| EditError::NotAnObject)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    let field = "compaction";
+    let map = object_of(&value, field)?;
+    only(map, field, &["type", "instructions"])?;
+    match map.get("type") {
+        Some(Value::String(kind)) if kind == "summarize" => {}
+        Some(Value::String(kind)) => {
+            let field = format!("{field}.type");
+            return Err(EditError::UnknownType { field, kind: kind.clone() });
+        }
+        _ => return Err(invalid(&format!("{field}.type"), "\"summarize\"")),
+    }
+    let instructions = match map.get("instructions") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text.trim()).filter(|t| !t.is_empty()).map(str::to_owned),
+        Some(_) => return Err(invalid(&format!("{field}.instructions"), "a string")),
+    };
+    if object.value(text, "context_management").is_some_and(|v| v.trim() != "null") {
+        return Err(EditError::Invalid {
+            field: "compaction".to_owned(),
+            expected: "no `context_management` beside it (they cannot be combined)",
+        });
+    }
+    Ok(Some(Summarize { instructions }))
+}
+
 /// One edit of the list (`field`: its path).
 fn edit(value: &Value, field: &str) -> Result<Edit, EditError> {
     let map = object_of(value, field)?;
@@ -469,5 +514,23 @@ mod tests {
         }
         assert_eq!(parse(b"[]"), Err(EditError::NotAnObject));
         assert_eq!(parse(b"\xff"), Err(EditError::NotAnObject));
+    }
+
+    #[test]
+    fn on_demand_compaction_is_read_and_checked() {
+        let read = |body: serde_json::Value| super::parse_summarize(body.to_string().as_bytes());
+        assert_eq!(read(json!({"messages": []})).unwrap(), None);
+        assert_eq!(read(json!({"compaction": null})).unwrap(), None);
+        let asked =
+            read(json!({"compaction": {"type": "summarize", "instructions": "  Keep ids. "}}));
+        assert_eq!(asked.unwrap().unwrap().instructions.as_deref(), Some("Keep ids."));
+        let blank = read(json!({"compaction": {"type": "summarize", "instructions": " "}}));
+        assert_eq!(blank.unwrap().unwrap().instructions, None, "blank counts as absent");
+        assert!(read(json!({"compaction": {"type": "squash"}})).is_err());
+        assert!(read(json!({"compaction": {"type": "summarize", "extra": 1}})).is_err());
+        assert!(read(json!({"compaction": {"type": "summarize", "instructions": 3}})).is_err());
+        let both =
+            json!({"compaction": {"type": "summarize"}, "context_management": {"edits": []}});
+        assert!(read(both).unwrap_err().to_string().contains("context_management"));
     }
 }

@@ -20,11 +20,12 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use super::Dialect;
-use super::overflow::OverflowSignals;
+use super::overflow::{OverflowSignals, StreamEvent};
 use crate::api::{self, Origins};
 use crate::conversation::{Measure, Rewritten};
 use crate::http::provider_compaction::MessagesContext;
 use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
+use crate::http::sse::Event;
 use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};
 use crate::outline::Outline;
@@ -141,9 +142,61 @@ impl Dialect for Messages {
 pub struct MessagesOverflow;
 
 impl OverflowSignals for MessagesOverflow {
+    /// `prompt is too long`, or an answer that stopped at the context window
+    /// (`stop_reason: "model_context_window_exceeded"`, in a JSON answer or its stream's
+    /// `message_delta`).
     fn is_overflow(&self, error_body: &[u8]) -> bool {
-        is_prompt_too_long(error_body)
+        stopped_at_window(error_body) || is_prompt_too_long(error_body)
     }
+
+    fn overflows_in_answer(&self) -> bool {
+        true
+    }
+
+    fn overflows_in_stream(&self) -> bool {
+        true
+    }
+
+    /// `message_start` and `ping` tell nothing yet; a `message_delta` that stops at the
+    /// window, or an `error` event, before any content is a failure to judge.
+    fn stream_event(&self, event: &Event<'_>) -> StreamEvent {
+        match event.name {
+            Some(b"message_start" | b"ping") => StreamEvent::Leading,
+            Some(b"error") => StreamEvent::Failed(event.data.to_vec()),
+            Some(b"message_delta") if stopped_at_window(&event.data) => {
+                StreamEvent::Failed(event.data.to_vec())
+            }
+            _ => StreamEvent::Other,
+        }
+    }
+
+    /// A window stated in an error; none for an answer that stopped at the window (its
+    /// text is the model's, not a statement of the window).
+    fn stated_window(&self, error_body: &[u8]) -> Option<usize> {
+        if stopped_at_window(error_body) {
+            return None;
+        }
+        super::overflow::stated_window(error_body)
+    }
+}
+
+/// True for a Message, or a stream's `message_delta`, whose `stop_reason` is
+/// `model_context_window_exceeded`.
+fn stopped_at_window(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Stop<'a> {
+        #[serde(borrow)]
+        stop_reason: Option<&'a str>,
+        #[serde(borrow)]
+        delta: Option<Box<Stop<'a>>>,
+    }
+    const WINDOW: &str = "model_context_window_exceeded";
+    if memchr::memmem::find(body, WINDOW.as_bytes()).is_none() {
+        return false;
+    }
+    let Ok(stop) = serde_json::from_slice::<Stop<'_>>(body) else { return false };
+    let delta = stop.delta.as_ref().and_then(|d| d.stop_reason);
+    stop.stop_reason == Some(WINDOW) || delta == Some(WINDOW)
 }
 
 /// True when the request is authenticated by a Claude subscription's OAuth token.
@@ -255,6 +308,36 @@ mod tests {
                 br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#
             ),
             Some(200_000)
+        );
+    }
+
+    #[test]
+    fn an_answer_stopped_at_the_window_is_an_overflow_without_a_stated_window() {
+        let stopped = br#"{"type":"message","content":[{"type":"text","text":"1 > 200000 maximum"}],"stop_reason":"model_context_window_exceeded"}"#;
+        assert!(MessagesOverflow.is_overflow(stopped));
+        assert_eq!(MessagesOverflow.stated_window(stopped), None, "the text is the model's");
+        let ended = br#"{"type":"message","content":[{"type":"text","text":"model_context_window_exceeded"}],"stop_reason":"end_turn"}"#;
+        assert!(!MessagesOverflow.is_overflow(ended), "named in the text only");
+        let delta =
+            br#"{"type":"message_delta","delta":{"stop_reason":"model_context_window_exceeded"}}"#;
+        let event = |name: &'static [u8], data: &'static [u8]| Event {
+            name: Some(name),
+            data: std::borrow::Cow::Borrowed(data),
+        };
+        assert_eq!(
+            MessagesOverflow.stream_event(&event(b"message_start", b"{}")),
+            StreamEvent::Leading
+        );
+        assert_eq!(MessagesOverflow.stream_event(&event(b"ping", b"{}")), StreamEvent::Leading);
+        assert_eq!(
+            MessagesOverflow.stream_event(&event(b"message_delta", delta)),
+            StreamEvent::Failed(delta.to_vec())
+        );
+        assert!(MessagesOverflow.is_overflow(delta));
+        let text = br#"{"type":"content_block_start","index":0}"#;
+        assert_eq!(
+            MessagesOverflow.stream_event(&event(b"content_block_start", text)),
+            StreamEvent::Other
         );
     }
 }

@@ -23,6 +23,14 @@ pub trait OverflowSignals: Send + Sync + 'static {
         is_context_overflow(error_body)
     }
 
+    /// True when a successful JSON answer of these providers may tell of an overflow
+    /// (Anthropic's `stop_reason: "model_context_window_exceeded"`): such an answer is
+    /// read whole (within the peek limit) before the client gets it, and judged by
+    /// [`OverflowSignals::is_overflow`].
+    fn overflows_in_answer(&self) -> bool {
+        false
+    }
+
     /// True when these providers may report an overflow inside a 200 event stream
     /// instead of with an error status (the Responses API's `response.failed`): the
     /// leading events of such a stream are then held until one tells

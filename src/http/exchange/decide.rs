@@ -12,7 +12,7 @@ use crate::conversation::{Caller, Counted, Decision, FoldWhen, Options, Overflow
 use crate::http::dialect::{Dialect, OverflowSignals};
 use crate::http::record::Decided;
 use crate::learned::model_key;
-use crate::metrics::OverflowRetry;
+use crate::metrics::{OverflowRetry, model_label};
 use crate::model::ChatRequest;
 use crate::summarizer::llm::{ClientHeaders, Credential};
 use crate::vocab::Outcome;
@@ -22,13 +22,16 @@ impl<D: Dialect> Exchange<'_, D> {
     /// does not understand it (it is then forwarded as received). A request far below
     /// the trigger is decided from its outline on the calling task, without parsing or
     /// conversation state; any other goes to the conversation stage. A request foldgate
-    /// answers from the whole conversation (`/v1/responses/compact`) is parsed and keyed,
-    /// nothing compacted.
+    /// answers from the whole conversation (`/v1/responses/compact`, a served provider
+    /// compaction that answers here) is parsed and keyed, nothing compacted.
     pub(super) async fn decide(&mut self) -> bool {
         let (dialect, routes) = (self.place.dialect, self.place.routes);
         let original = &self.prepared.body;
         self.parsed = None;
-        let outline = if answers_whole(dialect) { None } else { dialect.outline(original) };
+        // Answered here from the whole conversation: parsed and keyed, never compacted.
+        let whole = answers_whole(dialect)
+            || self.prepared.served.as_ref().is_some_and(|served| served.answered_here());
+        let outline = if whole { None } else { dialect.outline(original) };
         let model_name = match &outline {
             Some(outline) => dialect.outline_model(outline),
             None => match parse(dialect, original) {
@@ -62,7 +65,7 @@ impl<D: Dialect> Exchange<'_, D> {
                 }
                 let Some((request, origins)) = &self.parsed else { return false };
                 let key = dialect.session_key(headers, &routes.session_header, request);
-                let decision = if answers_whole(dialect) || dialect.server_state(origins) {
+                let decision = if whole || dialect.server_state(origins) {
                     // Answered from the whole conversation, or the provider holds it:
                     // nothing here to compact.
                     Decision::passthrough()
@@ -74,7 +77,9 @@ impl<D: Dialect> Exchange<'_, D> {
             }
         };
         log_decision(&decision, false);
-        self.record.decided = Some(Decided { key, model_name, learned, decision });
+        let model = model_label(&model_name);
+        let decided = Decided { key, model_name, model, learned, decision };
+        self.record.decided = Some(Box::new(decided));
         true
     }
 

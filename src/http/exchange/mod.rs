@@ -247,8 +247,9 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let Place { routes, dialect, upstream, .. } = self.place;
         let apis = &routes.compaction_apis;
         let conversations = &routes.conversations;
+        let original = self.received.content().unwrap_or(self.received.raw());
         let serves = |api| apis.foldgate_serves(api, conversations, upstream.name());
-        dialect.compaction().is_some_and(|family| serves(family.api()))
+        dialect.compaction().is_some_and(|family| serves(family.api_for(original)))
     }
 
     /// Phase 2: prepares the body for the decision (`serve`: foldgate serves the
@@ -266,7 +267,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         };
         let prepared = family.prepare(original, apis, serve).map_err(ProxyError::InvalidRequest)?;
         self.headers = family.forwarded_headers(&self.parts.headers, &prepared);
-        let api = family.api();
+        let api = family.api_for(original);
         if prepared.left_for_upstream {
             self.record.provider_api = Some((api, false));
         }
@@ -332,9 +333,8 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let status = response.status();
         let first = overflow::read(&dialect.overflow(), response, self.retryable()).await;
         let error = first.error.as_deref();
-        let refused =
-            dialect.compaction().is_some_and(|c| c.refuses(status, error.unwrap_or_default()));
-        if may_refuse && refused {
+        let refused = |c: D::Compaction| c.refuses(status, error.unwrap_or_default());
+        if may_refuse && !status.is_success() && dialect.compaction().is_some_and(refused) {
             return Read::Refused;
         }
         Read::Answer(first)
@@ -344,7 +344,8 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     async fn learn_refused(&mut self) {
         let Place { routes, dialect, upstream, .. } = self.place;
         if let Some(family) = dialect.compaction() {
-            routes.conversations.learn_unserved(family.api(), upstream.name()).await;
+            let original = self.received.content().unwrap_or(self.received.raw());
+            routes.conversations.learn_unserved(family.api_for(original), upstream.name()).await;
         }
         self.record.provider_api = None;
     }
@@ -377,11 +378,12 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         }
         if let Some(decided) = &record.decided {
             if let Some(inspector) = &routes.inspector {
-                let (key, model) = (&decided.key, crate::metrics::model_label(&decided.model_name));
+                let (key, model) = (&decided.key, decided.model);
                 let api = record.provider_api.filter(|(_, here)| *here).map(|(api, _)| api);
                 let edge = EdgeFacts { retried: record.retried(), api, notes: &record.notes };
-                ends.inspection =
-                    Some(inspector.entry(&self.parts.headers, key, model, &decided.decision, edge));
+                let entry =
+                    inspector.entry(&self.parts.headers, key, model, &decided.decision, edge);
+                ends.inspection = Some(Box::new(entry));
             }
         }
         ends.calibration = calibration;

@@ -1,8 +1,11 @@
-//! Anthropic's `context_management` on `/v1/messages` (betas `context-management-2025-06-27`
-//! and `compact-2026-01-12`): clearing edits applied to the body, compaction blocks sent
-//! back expanded, and a `compact_20260112` edit folded by the exchange (see
-//! [`super::Served::MessagesEdits`]); the edits are read and written in
-//! [`crate::api::anthropic_edits`].
+//! Anthropic's compaction on `/v1/messages`: `context_management` (betas
+//! `context-management-2025-06-27` and `compact-2026-01-12`: clearing edits applied to the
+//! body, a `compact_20260112` edit folded by the exchange, see
+//! [`super::Served::MessagesEdits`]) and on-demand compaction (beta `compact-2026-09-04`,
+//! the top-level `compaction: {"type": "summarize"}`: foldgate answers with the whole
+//! conversation folded into one block, see [`super::Served::MessagesSummarize`]).
+//! Compaction blocks sent back are expanded into their summary as user text. The fields
+//! are read and written in [`crate::api::anthropic_edits`].
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -17,6 +20,16 @@ const ANTHROPIC_BETA: &str = "anthropic-beta";
 /// Anthropic Messages `context_management`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MessagesContext;
+
+/// True when `body` has a member named `quoted` (a JSON string with its quotes) anywhere:
+/// the name followed by a colon, not a value (`"type":"compaction"` is a block, not the
+/// field).
+fn names_field(body: &[u8], quoted: &[u8]) -> bool {
+    memchr::memmem::find_iter(body, quoted).any(|at| {
+        let rest = &body[at + quoted.len()..];
+        rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b':')
+    })
+}
 
 impl CompactionFamily for MessagesContext {
     fn api(&self) -> CompactionApi {
@@ -35,9 +48,17 @@ impl CompactionFamily for MessagesContext {
     ) -> Result<Prepared, String> {
         let asked = memchr::memmem::find(body, b"\"context_management\"").is_some();
         if !serve {
+            let asked = asked || names_field(body, b"\"compaction\"");
             return Ok(Prepared { left_for_upstream: asked, ..Prepared::unchanged(body) });
         }
         let expanded = anthropic_edits::expand_compaction(body).unwrap_or_else(|| body.clone());
+        if let Some(summarize) =
+            anthropic_edits::parse_summarize(&expanded).map_err(|e| e.to_string())?
+        {
+            let body = anthropic_edits::without_summarize(&expanded).unwrap_or(expanded);
+            let served = Some(Served::MessagesSummarize(summarize));
+            return Ok(Prepared { served, served_here: true, ..Prepared::unchanged(&body) });
+        }
         let Some(edits) = anthropic_edits::parse(&expanded).map_err(|e| e.to_string())? else {
             return Ok(Prepared { served_here: true, ..Prepared::unchanged(&expanded) });
         };
@@ -75,10 +96,15 @@ impl CompactionFamily for MessagesContext {
         headers
     }
 
-    /// Also a rejection of the beta header that enables the edits.
-    fn refuses(&self, _: StatusCode, error_body: &[u8]) -> bool {
-        let betas = [anthropic_edits::CONTEXT_MANAGEMENT_BETA, anthropic_edits::COMPACT_BETA];
-        rejects_field(error_body, "context_management")
-            || betas.iter().any(|beta| rejects_field(error_body, beta))
+    /// An error naming `context_management`, on-demand `compaction` or one of the betas
+    /// that enable them as unknown.
+    fn refuses(&self, status: StatusCode, error_body: &[u8]) -> bool {
+        let betas = [
+            anthropic_edits::CONTEXT_MANAGEMENT_BETA,
+            anthropic_edits::COMPACT_BETA,
+            anthropic_edits::SUMMARIZE_BETA,
+        ];
+        let named = ["context_management", "compaction"].into_iter().chain(betas);
+        status.is_client_error() && named.into_iter().any(|name| rejects_field(error_body, name))
     }
 }

@@ -28,7 +28,7 @@ pub use compact::CompactEndpoint;
 pub use messages_context::MessagesContext;
 pub use responses_context::ResponsesContext;
 
-use crate::api::anthropic_edits::{AppliedEdit, ContextManagement};
+use crate::api::anthropic_edits::{AppliedEdit, ContextManagement, Summarize};
 use crate::api::compaction_item::ContextCompaction;
 use crate::conversation::FoldWhen;
 use crate::vocab::CompactionApi;
@@ -37,6 +37,13 @@ use crate::vocab::CompactionApi;
 pub trait CompactionFamily: Send + Sync + 'static {
     /// The API.
     fn api(&self) -> CompactionApi;
+
+    /// The API a request with `body` asks for (a family may serve two: a Responses
+    /// request ending with Codex's `compaction_trigger` asks for `responses.compact`).
+    fn api_for(&self, body: &[u8]) -> CompactionApi {
+        let _ = body;
+        self.api()
+    }
 
     /// `body` once foldgate's own compaction items in it are opened and, when foldgate
     /// serves the API (`serve`), the fields asking for it are taken out; an error (the
@@ -122,6 +129,12 @@ pub enum Served {
     /// `POST /v1/responses/compact`: foldgate answers with the whole conversation
     /// folded.
     ResponsesCompact,
+    /// A Responses request ending with Codex's `compaction_trigger` item: foldgate
+    /// answers with one `compaction` item sealing the whole conversation folded.
+    ResponsesTrigger,
+    /// Anthropic on-demand compaction (`compaction: {"type": "summarize"}`): foldgate
+    /// answers with the whole conversation folded into one `compaction` block.
+    MessagesSummarize(Summarize),
 }
 
 /// The whole fold a served provider compaction asks for.
@@ -145,7 +158,10 @@ impl Served {
                 let trigger = usize::try_from(compact.trigger).unwrap_or(usize::MAX);
                 (FoldWhen::AtTokens(trigger.saturating_add(1)), compact.instructions.clone())
             }
-            Self::ResponsesCompact => (FoldWhen::Always, None),
+            Self::ResponsesCompact | Self::ResponsesTrigger => (FoldWhen::Always, None),
+            Self::MessagesSummarize(summarize) => {
+                (FoldWhen::Always, summarize.instructions.clone())
+            }
         };
         Some(FoldAsk { when, instructions })
     }
@@ -153,7 +169,7 @@ impl Served {
     /// True when foldgate answers the request itself (the upstream is never asked), so
     /// a body it cannot read is refused rather than forwarded.
     pub fn answered_here(&self) -> bool {
-        matches!(self, Self::ResponsesCompact)
+        matches!(self, Self::ResponsesCompact | Self::ResponsesTrigger | Self::MessagesSummarize(_))
     }
 }
 

@@ -5,10 +5,10 @@ use super::answer::{AnswerKind, Rewrite, WholeJson};
 use super::{CompactionApis, FoldFacts, Served};
 use crate::api::anthropic_edits::{
     AnswerEdits, AppliedEdit, CompactionAnswer, CompactionInjector, ContextManagement,
-    decorate_message, paused_message, paused_stream,
+    decorate_message, paused_message, paused_stream, summary_message, summary_stream,
 };
 use crate::api::compaction_item::{self, Sealed};
-use crate::api::responses_output::{OutputItemInjector, insert_output_item};
+use crate::api::responses_output::{OutputItemInjector, compaction_answer, insert_output_item};
 use crate::conversation::WholeFold;
 use crate::model::DIGEST_MARKER;
 use crate::vocab::CompactionApi;
@@ -93,6 +93,36 @@ pub fn conclude(
             let api = compacted.then_some(CompactionApi::MessagesContextManagement);
             let notes = applied.iter().map(AppliedEdit::describe).collect();
             Concluded { addition: Some(addition), api, notes }
+        }
+        Served::ResponsesTrigger => {
+            let digest = fold.as_ref().map(|f| f.digest.clone()).unwrap_or_default();
+            let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
+            let item = compaction_item::item(&id, &apis.sealer.seal(&Sealed { digest }));
+            let usage = fold
+                .as_ref()
+                .map_or((0, 0), |f| (f.report.tokens_before as u64, f.digest_tokens as u64));
+            let events = request.streams;
+            let body = compaction_answer(&item, request.model, usage, events);
+            let api = Some(CompactionApi::ResponsesCompact);
+            Concluded { addition: Some(Addition::Answer { body, events }), api, notes: Vec::new() }
+        }
+        Served::MessagesSummarize(_) => {
+            let summary = fold.as_ref().map_or("", |fold| {
+                fold.digest.strip_prefix(DIGEST_MARKER).unwrap_or(&fold.digest).trim_start()
+            });
+            let compaction = CompactionAnswer {
+                summary: summary.to_owned(),
+                input_tokens: fold.as_ref().map_or(0, |f| f.report.tokens_before as u64),
+                output_tokens: fold.as_ref().map_or(0, |f| f.digest_tokens as u64),
+            };
+            let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+            let events = request.streams;
+            let body = match events {
+                true => summary_stream(&id, request.model, &compaction),
+                false => summary_message(&id, request.model, &compaction),
+            };
+            let api = Some(CompactionApi::MessagesContextManagement);
+            Concluded { addition: Some(Addition::Answer { body, events }), api, notes: Vec::new() }
         }
         Served::ResponsesCompact => {
             let body = super::compact::answer(&apis.sealer, request.body, fold.as_ref())?;
