@@ -44,6 +44,31 @@ impl DecodeResult {
     }
 }
 
+/// What became of a Responses chain (`previous_response_id`) at foldgate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainResult {
+    /// A request continuing a response foldgate stored: read as the whole conversation.
+    Expanded,
+    /// A request continuing a response foldgate does not know: forwarded as received.
+    Unknown,
+    /// An answer's response stored, so that the next request can continue it.
+    Stored,
+}
+
+impl ChainResult {
+    /// Every result label.
+    pub const ALL: [Self; 3] = [Self::Expanded, Self::Unknown, Self::Stored];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Expanded => "expanded",
+            Self::Unknown => "unknown",
+            Self::Stored => "stored",
+        }
+    }
+}
+
 /// Routes as metric labels (never raw paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -308,6 +333,12 @@ const ENCODED_BODIES: Spec = Spec {
     labels: &["encoding", "result"],
 };
 
+const RESPONSE_CHAINS: Spec = Spec {
+    name: "response_chains_total",
+    help: "Responses chains (previous_response_id): requests read as the whole conversation foldgate stored (expanded), requests naming a response foldgate does not know (unknown: forwarded as received), and answers stored to be continued (stored).",
+    labels: &["result"],
+};
+
 const LEARNED_WINDOWS: Spec = Spec {
     name: "learned_windows_total",
     help: "Context windows learned from overflow errors (learned), and chat requests planned against one (applied).",
@@ -485,6 +516,8 @@ pub struct Metrics {
     pub store_failovers: IntCounterVec,
     /// Compressed request bodies of compacted routes, by encoding and result.
     encoded_bodies: IntCounterVec,
+    /// Responses chains, by result.
+    response_chains: IntCounterVec,
     /// Prompt tokens compaction made the provider write to its cache again.
     pub prompt_tokens_rewritten: IntCounterVec,
     /// Token usage by team, when counted by team.
@@ -616,6 +649,7 @@ impl Metrics {
             provider_compactions: r.counter(&PROVIDER_COMPACTIONS)?,
             store_failovers: r.counter(&STORE_FAILOVERS)?,
             encoded_bodies: r.counter(&ENCODED_BODIES)?,
+            response_chains: r.counter(&RESPONSE_CHAINS)?,
             team_tokens: r.counter(&TEAM_TOKENS)?,
             prompt_tokens_rewritten: r.counter(&PROMPT_TOKENS_REWRITTEN)?,
             teams: None,
@@ -665,6 +699,9 @@ impl Metrics {
             for result in DecodeResult::ALL {
                 self.encoded_bodies.with_label_values(&[encoding, result.as_str()]);
             }
+        }
+        for result in ChainResult::ALL {
+            self.response_chains.with_label_values(&[result.as_str()]);
         }
         for api in CompactionApi::ALL {
             for served_by in ["upstream", "foldgate"] {
@@ -758,6 +795,11 @@ impl Metrics {
     pub fn provider_compaction(&self, api: CompactionApi, by_foldgate: bool) {
         let served_by = if by_foldgate { "foldgate" } else { "upstream" };
         self.provider_compactions.with_label_values(&[api.as_str(), served_by]).inc();
+    }
+
+    /// Counts what became of a Responses chain.
+    pub fn response_chain(&self, result: ChainResult) {
+        self.response_chains.with_label_values(&[result.as_str()]).inc();
     }
 
     /// Counts a compressed request body of a compacted route by its (outermost) coding,

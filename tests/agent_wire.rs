@@ -183,9 +183,12 @@ fn a_decompression_bomb_gets_a_413_and_memory_stays_bounded() {
 }
 
 #[tokio::test]
-async fn a_websocket_upgrade_on_responses_is_answered_426_without_asking_the_upstream() {
+async fn with_the_websocket_mode_off_an_upgrade_is_answered_426_without_asking_the_upstream() {
     let mock = MockUpstream::echo().await;
-    let proxy = Proxy::to(&mock.url()).await;
+    // `responses.websocket = "off"`: the mode is not served.
+    let mut config = config_for(&mock.url());
+    config.responses.websocket = foldgate::config::WebSocketMode::Off;
+    let proxy = Proxy::start(config).await;
     let upgrade = Request::get(proxy.url("/v1/responses"))
         .header("authorization", "Bearer sk-wire")
         .header("connection", "Upgrade")

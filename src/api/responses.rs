@@ -530,6 +530,59 @@ fn input_content(content: Option<&Value>) -> Value {
     Value::Array(parts)
 }
 
+/// The `previous_response_id` a body names, if any (a string).
+pub fn previous_response(body: &[u8]) -> Option<String> {
+    memchr::memmem::find(body, b"previous_response_id")?;
+    let text = std::str::from_utf8(body).ok()?;
+    let object = super::json_text::Object::parse(text)?;
+    let raw = object.value(text, "previous_response_id")?;
+    serde_json::from_str::<String>(raw).ok()
+}
+
+/// A body's `input` as a JSON array text of items: as sent when it is a list, a user
+/// message when it is a string; `None` when it has none.
+pub fn input_items(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let object = super::json_text::Object::parse(text)?;
+    let raw = object.value(text, "input")?.trim();
+    match raw.as_bytes().first()? {
+        b'[' => Some(raw.to_owned()),
+        b'"' => Some(format!(r#"[{{"type":"message","role":"user","content":{raw}}}]"#)),
+        _ => None,
+    }
+}
+
+/// The JSON arrays `lists` as one array, their items in order; `None` when one is not an
+/// array.
+pub fn joined_items(lists: &[&str]) -> Option<String> {
+    let mut out = String::from("[");
+    for list in lists {
+        let inner = list.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
+        if inner.is_empty() {
+            continue;
+        }
+        if out.len() > 1 {
+            out.push(',');
+        }
+        out.push_str(inner);
+    }
+    out.push(']');
+    Some(out)
+}
+
+/// `body`, which continues a response, as the whole conversation: `items` (the stored
+/// conversation up to that response's output) then its own `input`, and no
+/// `previous_response_id`; every other field as received.
+pub fn expand_chain(body: &[u8], items: &[u8]) -> Option<Bytes> {
+    let text = std::str::from_utf8(body).ok()?;
+    let stored = std::str::from_utf8(items).ok()?;
+    let own = input_items(body).unwrap_or_else(|| "[]".to_owned());
+    let input = joined_items(&[stored, &own])?;
+    let with = super::json_text::set_member(text, "input", &input)?;
+    let without = super::json_text::remove_members(&with, "previous_response_id")?;
+    Some(Bytes::from(without))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -642,5 +695,31 @@ mod tests {
         let (request, origins) = round_trip(br#"{"input":[{"type":"mystery"}]}"#);
         assert_eq!(request.messages()[0].role(), Role::Developer);
         assert_eq!(origins.messages[0].items, 0..1);
+    }
+
+    #[test]
+    fn a_chained_body_is_read_as_the_whole_conversation() {
+        let body = br#"{"model":"m","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"c1","output":"ok"}],"store":true}"#;
+        assert_eq!(previous_response(body).as_deref(), Some("resp_1"));
+        assert_eq!(previous_response(br#"{"input":"previous_response_id"}"#), None);
+        let stored = br#"[{"role":"user","content":"task"}, {"type":"function_call","call_id":"c1","name":"sh","arguments":"{}"}]"#;
+        let expanded = expand_chain(body, stored).unwrap();
+        let value: Value = serde_json::from_slice(&expanded).unwrap();
+        assert!(value.get("previous_response_id").is_none());
+        assert_eq!(value["store"], true, "every other field as received");
+        let types: Vec<&str> = value["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["type"].as_str().unwrap_or("message"))
+            .collect();
+        assert_eq!(types, ["message", "function_call", "function_call_output"]);
+        // A string input is a user message; empty lists join to nothing.
+        assert_eq!(
+            input_items(br#"{"input":"hi"}"#).as_deref(),
+            Some(r#"[{"type":"message","role":"user","content":"hi"}]"#)
+        );
+        assert_eq!(joined_items(&["[]", " [1] ", "[ ]", "[2,3]"]).as_deref(), Some("[1,2,3]"));
+        assert_eq!(joined_items(&["[1]", "{}"]), None);
     }
 }

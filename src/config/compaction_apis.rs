@@ -33,8 +33,20 @@ impl ServedBy {
     }
 }
 
+/// Whether foldgate serves the Responses API's WebSocket mode (`GET /v1/responses` with
+/// `Upgrade: websocket`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebSocketMode {
+    /// foldgate accepts the upgrade and serves each `response.create` frame as a request.
+    #[default]
+    Auto,
+    /// The upgrade is answered 426, which clients read as "use HTTP".
+    Off,
+}
+
 /// `[responses]`: OpenAI's Responses compaction.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResponsesConfig {
     /// Who answers `POST /v1/responses/compact`.
@@ -45,6 +57,26 @@ pub struct ResponsesConfig {
     /// every replica. Unset: a key is generated at start, and items sealed by one
     /// process cannot be opened by another (or after a restart). Never printed.
     pub compaction_key: Secret,
+    /// The WebSocket mode: `auto` (served) or `off` (426).
+    pub websocket: WebSocketMode,
+    /// A WebSocket connection with no frame for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub websocket_idle_timeout: std::time::Duration,
+    /// The most WebSocket connections one process holds; past it, an upgrade gets 503.
+    pub websocket_max_connections: usize,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        Self {
+            compact: ServedBy::default(),
+            context_management: ServedBy::default(),
+            compaction_key: Secret::default(),
+            websocket: WebSocketMode::default(),
+            websocket_idle_timeout: std::time::Duration::from_secs(600),
+            websocket_max_connections: 1024,
+        }
+    }
 }
 
 /// `[messages]`: Anthropic's context management.

@@ -26,7 +26,9 @@ pub use crate::vocab::SummarizerKind;
 pub use admin::AdminConfig;
 pub use bytesize::ByteSize;
 pub use compaction::{CompactionConfig, CompactionMode, ModelEntry};
-pub use compaction_apis::{COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy};
+pub use compaction_apis::{
+    COMPACTION_KEY_LEN, MessagesConfig, ResponsesConfig, ServedBy, WebSocketMode,
+};
 pub use secret::{Secret, SecretUrl};
 pub use session::{HeaderNames, RedisMode, SessionConfig, StoreKind, SummarizerConfig};
 pub use telemetry::{DEFAULT_SERVICE_NAME, OtlpProtocol, TelemetryConfig};

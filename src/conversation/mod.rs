@@ -209,6 +209,31 @@ impl Conversations {
         &self.inner.engine
     }
 
+    /// The Responses chain stored under `key` (see [`crate::session::ChainStore`]); `None`
+    /// when there is none or the store failed (the request then goes as received).
+    pub async fn load_chain(&self, key: &SessionKey) -> Option<bytes::Bytes> {
+        match self.inner.store.load_chain(key).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::debug!(%error, "a Responses chain was not read");
+                None
+            }
+        }
+    }
+
+    /// Stores a Responses chain's `items` under `key`, dropping `replaces`; a failure is
+    /// logged (the next request naming it goes as received).
+    pub async fn save_chain(
+        &self,
+        key: &SessionKey,
+        items: bytes::Bytes,
+        replaces: Option<&SessionKey>,
+    ) {
+        if let Err(error) = self.inner.store.save_chain(key, items, replaces).await {
+            tracing::debug!(%error, "a Responses chain was not stored");
+        }
+    }
+
     /// The conversations in the store (as far as this replica knows).
     pub fn active_sessions(&self) -> usize {
         self.inner.store.active_sessions()

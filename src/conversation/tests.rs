@@ -109,6 +109,8 @@ impl LearnedStore for Broken {}
 
 impl RecordStore for Broken {}
 
+impl crate::session::ChainStore for Broken {}
+
 /// A memory store that says it is shared, with leases another holder can take.
 #[derive(Default)]
 struct SharedMemory {
@@ -176,6 +178,8 @@ struct Counting(std::sync::atomic::AtomicUsize);
 impl LearnedStore for SharedMemory {}
 
 impl RecordStore for SharedMemory {}
+
+impl crate::session::ChainStore for SharedMemory {}
 
 #[async_trait]
 impl Summarizer for Counting {

@@ -61,6 +61,9 @@ pub enum ProxyError {
     /// foldgate failed to answer a request it serves itself.
     #[error("foldgate could not serve the request: {0}")]
     Internal(String),
+    /// A bounded resource is used up (what is named); the client may try again later.
+    #[error("too many {0} at once; try again later")]
+    Overloaded(&'static str),
 }
 
 impl From<ReadError> for ProxyError {
@@ -113,6 +116,7 @@ impl ProxyError {
             Self::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error")
             }
+            Self::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", "overloaded"),
         }
     }
 
@@ -121,12 +125,17 @@ impl ProxyError {
         self.parts().0
     }
 
-    /// The response: status plus `{"error": {"message", "type", "param", "code"}}`.
-    pub fn into_response(self) -> Response<ProxyBody> {
-        let (status, kind, code) = self.parts();
-        let body = serde_json::json!({
+    /// The body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, kind, code) = self.parts();
+        serde_json::json!({
             "error": { "message": self.to_string(), "type": kind, "param": null, "code": code }
-        });
+        })
+    }
+
+    /// The response: status plus [`ProxyError::body`].
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let (status, body) = (self.status(), self.body());
         let mut response = Response::new(full(body.to_string()));
         *response.status_mut() = status;
         response

@@ -4,6 +4,7 @@
 //! the model summarizer's own small client).
 
 mod body;
+mod chain;
 mod connections;
 pub mod content_coding;
 pub mod dialect;
@@ -25,6 +26,7 @@ pub mod sse;
 pub mod trace;
 pub mod upstream;
 pub mod usage;
+pub mod websocket;
 
 pub use body::ProxyBody;
 pub use error::ProxyError;

@@ -7,6 +7,7 @@
 //! metrics.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,7 +20,9 @@ use crate::conversation::{Counted, Decision, Report};
 use crate::http::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 use crate::http::inspect::PendingRecord;
 use crate::http::usage::UsageReader;
-use crate::metrics::{DecodeResult, Metrics, OverflowRetry, Route, WindowEvent, model_label};
+use crate::metrics::{
+    ChainResult, DecodeResult, Metrics, OverflowRetry, Route, WindowEvent, model_label,
+};
 use crate::session::SessionKey;
 use crate::telemetry::span::{self, TurnRecord, UsageRecord};
 use crate::vocab::{CompactionApi, ContentCoding, Outcome};
@@ -60,6 +63,10 @@ pub struct Record {
     pub overflow: Option<OverflowRetry>,
     /// The overflow stated a window smaller than any known.
     pub learned_window: bool,
+    /// What became of the Responses chain the request continued, if it named one.
+    pub chain: Option<ChainResult>,
+    /// Set once the answer is stored as the end of its Responses chain.
+    pub chain_stored: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// When foldgate began working on the request.
     pub started: Instant,
     /// Each send upstream (the first, and the retry after an overflow).
@@ -115,6 +122,8 @@ impl Record {
             notes: Vec::new(),
             overflow: None,
             learned_window: false,
+            chain: None,
+            chain_stored: None,
             started,
             sends: [None, None],
             store: None,
@@ -208,6 +217,10 @@ impl Record {
         }
         if let Some((coding, result)) = self.encoded {
             metrics.encoded_body(coding, result);
+        }
+        let stored = self.chain_stored.as_ref().is_some_and(|s| s.load(Ordering::Acquire));
+        for result in [self.chain, stored.then_some(ChainResult::Stored)].into_iter().flatten() {
+            metrics.response_chain(result);
         }
         if let Some((api, by_foldgate)) = self.provider_api {
             metrics.provider_compaction(api, by_foldgate);

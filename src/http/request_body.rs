@@ -32,6 +32,11 @@ pub struct ReceivedBody {
 }
 
 impl ReceivedBody {
+    /// A body read some other way, not encoded.
+    pub fn identity(body: Bytes) -> Self {
+        Self { content: Some(body.clone()), raw: body, decoded: false }
+    }
+
     /// The body's content, when foldgate can read it.
     pub fn content(&self) -> Option<&Bytes> {
         self.content.as_ref()

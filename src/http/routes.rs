@@ -20,6 +20,7 @@ use super::passthrough;
 use super::record::{self, Operation, Record};
 use super::trace::{self, in_span};
 use super::upstream::Upstream;
+use super::websocket::WebSockets;
 use crate::metrics::{Metrics, Route};
 
 /// What every request handler shares.
@@ -38,6 +39,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served on the proxy port (`None`: disabled or elsewhere).
     pub metrics_path: Option<String>,
+    /// The Responses API's WebSocket mode, when served (`responses.websocket = "auto"`).
+    pub websockets: Option<WebSockets>,
 }
 
 /// The innermost service: routes a request to its handler.
@@ -163,11 +166,15 @@ async fn dispatch(
         (&Method::POST, "/v1/responses") => {
             compacted(state, &Responses, &state.upstream, request, progress).await
         }
-        // The Responses API's WebSocket mode (Codex tries it first): answered at once
-        // with 426, which clients read as "use HTTP", instead of a relayed 200 they
-        // retry several times before falling back.
+        // The Responses API's WebSocket mode (Codex tries it first): served here, or
+        // (`responses.websocket = "off"`) answered at once with 426, which clients read
+        // as "use HTTP", instead of a relayed 200 they retry before falling back.
         (&Method::GET, "/v1/responses") if is_websocket_upgrade(request.headers()) => {
-            (Route::Responses, Err(ProxyError::UpgradeRequired("the Responses API")))
+            let answer = match &state.websockets {
+                Some(sockets) => super::websocket::upgrade(sockets, request),
+                None => Err(ProxyError::UpgradeRequired("the Responses API")),
+            };
+            (Route::Responses, answer)
         }
         (&Method::POST, "/v1/responses/compact") => {
             compacted(state, &ResponsesCompact, &state.upstream, request, progress).await

@@ -20,7 +20,9 @@ use super::layers::{AccessLogLayer, RequestIdLayer};
 use super::linger::{LINGER_SLACK, Linger, LingerFlag, LingerIo};
 use super::routes::{AppState, Router};
 use super::upstream::{Upstream, UpstreamSetupError};
+use super::websocket::{Frames, WebSockets};
 use crate::config::Config;
+use crate::config::WebSocketMode;
 use crate::metrics::Metrics;
 
 /// Why the server could not start.
@@ -129,6 +131,18 @@ impl Server {
         let addr = config.server.listen;
         let listener = TcpListener::from_std(listeners.proxy)
             .map_err(|source| ServerError::Bind { addr, source })?;
+        let websockets = (config.responses.websocket == WebSocketMode::Auto).then(|| {
+            let frames = Frames {
+                compacted: compacted.clone(),
+                upstream: upstream.clone(),
+                metrics: metrics.clone(),
+                max_body: config.server.max_body_size.0,
+            };
+            let responses = &config.responses;
+            let (max, idle) =
+                (responses.websocket_max_connections, responses.websocket_idle_timeout);
+            WebSockets::new(frames, max, idle)
+        });
         let state = Arc::new(AppState {
             upstream,
             anthropic,
@@ -138,6 +152,7 @@ impl Server {
             metrics,
             metrics_path: (config.metrics.enabled && config.metrics.listen.is_none())
                 .then(|| config.metrics.path.clone()),
+            websockets,
         });
         let metrics_listener = match listeners.metrics {
             Some(listener) => Some((
@@ -232,7 +247,7 @@ impl Server {
                     let linger = LingerFlag::default();
                     let io = TokioIo::new(LingerIo::new(stream, linger.clone(), self.max_drain));
                     let hyper_service = TowerToHyperService::new(Linger::new(service.clone(), linger));
-                    let connection = builder.serve_connection(io, hyper_service).into_owned();
+                    let connection = builder.serve_connection_with_upgrades(io, hyper_service).into_owned();
                     let connection = graceful.watch(connection);
                     while connections.try_join_next().is_some() {}
                     connections.spawn(async move {

@@ -81,6 +81,36 @@ pub fn tenant(headers: &HeaderMap) -> Option<String> {
     Some(hex(&hash.finalize()[..16]))
 }
 
+/// Where the Responses chains of one caller are kept: keys scoped by its credential like
+/// a conversation's, so that no tenant reads another's chain.
+#[derive(Clone)]
+pub struct ChainScope(Sha256);
+
+impl ChainScope {
+    /// The scope of the caller with `headers`.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(b"foldgate/chain/v1\0");
+        match credential(headers) {
+            Some((name, value)) => {
+                hash.update(name.as_bytes());
+                hash.update(b"\0");
+                hash.update(value.as_bytes());
+            }
+            None => hash.update(b"anonymous"),
+        }
+        hash.update(b"\0");
+        Self(hash)
+    }
+
+    /// The key of the chain ending with response `id`.
+    pub fn key(&self, id: &str) -> SessionKey {
+        let mut hash = self.0.clone();
+        hash.update(id.as_bytes());
+        SessionKey::from_digest(hex(&hash.finalize()[..16]))
+    }
+}
+
 /// What names a conversation that no session header names: the model, the JSON text of
 /// its first system and first user messages (neutral form), and its scope.
 pub struct Fingerprint<'a> {
@@ -111,7 +141,7 @@ pub struct FingerprintParts {
 
 /// The client's own name for the conversation, from the body's top-level fields (`field`
 /// gives one's raw JSON): `prompt_cache_key` (OpenAI's; Codex sets it to its conversation
-/// id), else the session in `metadata.user_id` (Anthropic's; see [`session_in_user_id`]).
+/// id), else the session in `metadata.user_id` (Anthropic's; see `session_in_user_id`).
 /// It splits conversations whose first messages are alike (two agent sessions in one
 /// repository start with the same instructions); it never joins two.
 pub fn scope_of<'a>(field: impl Fn(&str) -> Option<&'a [u8]>) -> Option<String> {

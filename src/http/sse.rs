@@ -1,7 +1,7 @@
 //! Server-sent events read from a stream's bytes as they arrive: the whole events, one
 //! after another, each with its `event` field and its data. For a handler that must look
 //! at a stream's first events before passing it on (`super::overflow`); the usage tap
-//! reads the lines it needs its own way ([`super::usage_tap`]).
+//! reads the lines it needs its own way ([`super::usage`]).
 //!
 //! Lines end with `\n` or `\r\n`; a stream that ends its lines with a lone `\r` shows no
 //! event (it is then passed on as it is).

@@ -196,6 +196,28 @@ impl UsageReader {
     }
 }
 
+/// A Responses answer's id and `output` (a JSON array text): from the whole JSON answer
+/// `answer`, or from the `response.completed` event of an event stream.
+pub fn response_output(answer: &[u8]) -> Option<(String, String)> {
+    let trimmed = answer.trim_ascii_start();
+    let json = match trimmed.first()? {
+        b'{' => trimmed,
+        _ => answer
+            .split(|b| *b == b'\n')
+            .filter_map(|line| line.strip_prefix(b"data:"))
+            .find(|data| memchr::memmem::find(data, b"\"response.completed\"").is_some())?
+            .trim_ascii(),
+    };
+    let top = Members::of(json)?;
+    let response = match top.response {
+        Some(response) => Members::of(response)?,
+        None => top,
+    };
+    let id: String = serde_json::from_slice(response.id?).ok()?;
+    let output = std::str::from_utf8(response.output?).ok()?;
+    output.starts_with('[').then(|| (id, output.to_owned()))
+}
+
 /// Usage in one SSE line `data: {...}`, if it carries any, and the model it names.
 fn sse_usage(line: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     if !mentions_usage(line) {
@@ -233,6 +255,8 @@ struct Members<'a> {
     model: Option<&'a [u8]>,
     response: Option<&'a [u8]>,
     message: Option<&'a [u8]>,
+    id: Option<&'a [u8]>,
+    output: Option<&'a [u8]>,
 }
 
 impl<'a> Members<'a> {
@@ -265,6 +289,8 @@ impl<'a> Members<'a> {
                 b"model" => members.model = value,
                 b"response" => members.response = value,
                 b"message" => members.message = value,
+                b"id" => members.id = value,
+                b"output" => members.output = value,
                 _ => {}
             }
             i = skip_space(json, value_end);
@@ -443,5 +469,20 @@ mod tests {
         ] {
             assert!(usage_in(no_usage.as_bytes()).is_none(), "{no_usage}");
         }
+    }
+
+    #[test]
+    fn a_responses_answer_gives_its_id_and_output() {
+        let json = br#"{"id":"resp_7","object":"response","output":[{"type":"message","content":[]}],"usage":{"input_tokens":1}}"#;
+        let (id, output) = response_output(json).unwrap();
+        assert_eq!(
+            (id.as_str(), output.as_str()),
+            ("resp_7", r#"[{"type":"message","content":[]}]"#)
+        );
+        let stream = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_8\",\"output\":[]}}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_8\",\"output\":[{\"type\":\"function_call\"}]}}\n\n";
+        let (id, output) = response_output(stream).unwrap();
+        assert_eq!((id.as_str(), output.as_str()), ("resp_8", r#"[{"type":"function_call"}]"#));
+        assert_eq!(response_output(br#"{"error":{"message":"no"}}"#), None);
+        assert_eq!(response_output(b"event: response.failed\ndata: {}\n\n"), None);
     }
 }

@@ -2,7 +2,7 @@
 //! (least recently used evicted first). Inspection records (see [`super::record`]) live
 //! in a second map under the same bounds.
 
-use super::{LearnedStore, LeaseStore, RecordStore, StateStore};
+use super::{ChainStore, LearnedStore, LeaseStore, RecordStore, StateStore};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,10 +23,20 @@ struct Recorded {
     last_seen: Instant,
 }
 
+/// The most bytes of Responses chains one process keeps (the oldest go first past it).
+pub const CHAINS_MAX_BYTES: usize = 256 << 20;
+
+/// A Responses chain's items and when they were stored.
+struct Chained {
+    items: bytes::Bytes,
+    stored: Instant,
+}
+
 /// In-memory session store for one process.
 pub struct MemoryStore<S> {
     map: DashMap<SessionKey, Entry<S>>,
     records: DashMap<SessionKey, Recorded>,
+    chains: DashMap<SessionKey, Chained>,
     ttl: Duration,
     max_sessions: usize,
 }
@@ -35,7 +45,8 @@ impl<S> MemoryStore<S> {
     /// A store keeping sessions for `ttl` after last use, at most `max_sessions` of them.
     pub fn new(ttl: Duration, max_sessions: usize) -> Self {
         let max_sessions = max_sessions.max(1);
-        Self { map: DashMap::new(), records: DashMap::new(), ttl, max_sessions }
+        let (map, records, chains) = (DashMap::new(), DashMap::new(), DashMap::new());
+        Self { map, records, chains, ttl, max_sessions }
     }
 
     /// Drops expired sessions (and records); returns how many sessions.
@@ -44,6 +55,7 @@ impl<S> MemoryStore<S> {
         let now = Instant::now();
         self.map.retain(|_, e| now.duration_since(e.last_seen) < self.ttl);
         self.records.retain(|_, r| now.duration_since(r.last_seen) < self.ttl);
+        self.chains.retain(|_, c| now.duration_since(c.stored) < self.ttl);
         before.saturating_sub(self.map.len())
     }
 
@@ -203,6 +215,47 @@ impl<S: Send + Sync> LeaseStore for MemoryStore<S> {}
 
 impl<S: Send + Sync> LearnedStore for MemoryStore<S> {}
 
+#[async_trait]
+impl<S: Send + Sync> ChainStore for MemoryStore<S> {
+    async fn load_chain(&self, key: &SessionKey) -> Result<Option<bytes::Bytes>, StoreError> {
+        let now = Instant::now();
+        let found = self.chains.get(key).map(|c| (c.items.clone(), c.stored));
+        Ok(found.filter(|(_, stored)| now.duration_since(*stored) < self.ttl).map(|(i, _)| i))
+    }
+
+    async fn save_chain(
+        &self,
+        key: &SessionKey,
+        items: bytes::Bytes,
+        replaces: Option<&SessionKey>,
+    ) -> Result<(), StoreError> {
+        if let Some(old) = replaces {
+            self.chains.remove(old);
+        }
+        let held: usize = self.chains.iter().map(|c| c.items.len()).sum();
+        if self.chains.len() >= self.max_sessions || held + items.len() > CHAINS_MAX_BYTES {
+            // The expired go, then the oldest, until there is room.
+            let now = Instant::now();
+            self.chains.retain(|_, c| now.duration_since(c.stored) < self.ttl);
+            let mut by_age: Vec<(Instant, SessionKey, usize)> =
+                self.chains.iter().map(|c| (c.stored, c.key().clone(), c.items.len())).collect();
+            by_age.sort_unstable_by_key(|(stored, _, _)| *stored);
+            let mut held: usize = by_age.iter().map(|(_, _, len)| len).sum();
+            let mut count = by_age.len();
+            for (_, old, len) in by_age {
+                if count < self.max_sessions && held + items.len() <= CHAINS_MAX_BYTES {
+                    break;
+                }
+                self.chains.remove(&old);
+                held -= len;
+                count -= 1;
+            }
+        }
+        self.chains.insert(key.clone(), Chained { items, stored: Instant::now() });
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +368,26 @@ mod tests {
             store.save(&key(n), n, 0).await.unwrap();
         }
         assert!(store.active_sessions() <= 32);
+    }
+
+    #[tokio::test]
+    async fn a_chain_replaces_the_one_it_continued_and_chains_stay_bounded() {
+        let store = MemoryStore::<u32>::new(Duration::from_secs(60), 4);
+        let key = |n: u32| SessionKey::from_digest(format!("{n:032x}"));
+        let items = |n: usize| bytes::Bytes::from(vec![b'x'; n]);
+        store.save_chain(&key(1), items(10), None).await.unwrap();
+        store.save_chain(&key(2), items(20), Some(&key(1))).await.unwrap();
+        assert!(store.load_chain(&key(1)).await.unwrap().is_none(), "the one continued went");
+        assert_eq!(store.load_chain(&key(2)).await.unwrap().unwrap().len(), 20);
+        // At most `max_sessions` chains: the oldest goes.
+        for n in 3..=6 {
+            store.save_chain(&key(n), items(1), None).await.unwrap();
+        }
+        assert!(store.load_chain(&key(2)).await.unwrap().is_none());
+        assert!(store.load_chain(&key(6)).await.unwrap().is_some());
+        // Past the byte bound, the oldest go until the new one fits.
+        store.save_chain(&key(7), items(CHAINS_MAX_BYTES - 2), None).await.unwrap();
+        assert!(store.load_chain(&key(3)).await.unwrap().is_none());
+        assert!(store.load_chain(&key(7)).await.unwrap().is_some());
     }
 }

@@ -62,7 +62,7 @@ pub enum StoreError {
 pub struct Loaded<S> {
     /// The state.
     pub state: S,
-    /// Revision of the stored value; pass it back to [`SessionStore::save`].
+    /// Revision of the stored value; pass it back to [`StateStore::save`].
     pub revision: u64,
 }
 
@@ -140,7 +140,7 @@ pub trait LeaseStore: Send + Sync {
         Ok(Some(Lease { token: String::new() }))
     }
 
-    /// Gives back a lease taken with [`SessionStore::try_lease`] (if still held by it).
+    /// Gives back a lease taken with [`LeaseStore::try_lease`] (if still held by it).
     async fn release(&self, _key: &SessionKey, _lease: Lease) -> Result<(), StoreError> {
         Ok(())
     }
@@ -201,11 +201,39 @@ pub trait RecordStore: Send + Sync {
     }
 }
 
+/// The Responses chains foldgate forwarded: under a key scoped by the caller's credential
+/// and naming one response, the conversation's items up to and including that response's
+/// output (a JSON array text), so that a request naming it as `previous_response_id` can
+/// be read whole. Only the last response of a chain is kept: saving one drops the one it
+/// continued. Bounded like conversations (`session.ttl`, `session.max_sessions`). The
+/// defaults keep nothing.
+#[async_trait]
+pub trait ChainStore: Send + Sync {
+    /// The items stored under `key`, if any.
+    async fn load_chain(&self, _key: &SessionKey) -> Result<Option<bytes::Bytes>, StoreError> {
+        Ok(None)
+    }
+
+    /// Stores `items` under `key`, dropping `replaces` (the response it continued).
+    async fn save_chain(
+        &self,
+        _key: &SessionKey,
+        _items: bytes::Bytes,
+        _replaces: Option<&SessionKey>,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
 /// Where conversation state lives between requests: a store of each concern (state,
-/// leases, what is learned from providers, inspection records). Every type with all four is one.
-pub trait SessionStore<S>: StateStore<S> + LeaseStore + LearnedStore + RecordStore {}
+/// leases, what is learned from providers, inspection records, Responses chains). Every
+/// type with all five is one.
+pub trait SessionStore<S>:
+    StateStore<S> + LeaseStore + LearnedStore + RecordStore + ChainStore
+{
+}
 
 impl<S, T> SessionStore<S> for T where
-    T: StateStore<S> + LeaseStore + LearnedStore + RecordStore + ?Sized
+    T: StateStore<S> + LeaseStore + LearnedStore + RecordStore + ChainStore + ?Sized
 {
 }

@@ -2,7 +2,7 @@
 //! load, save and lease of whichever backend is configured; with traces exported, each
 //! of them is a span (a child of the request or fold it serves).
 
-use super::{LearnedStore, LeaseStore, RecordStore, StateStore};
+use super::{ChainStore, LearnedStore, LeaseStore, RecordStore, StateStore};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,6 +122,22 @@ impl<S: Send + Sync + 'static> LearnedStore for Observed<S> {
 
     async fn save_unserved(&self, name: &str) -> Result<(), StoreError> {
         self.inner.save_unserved(name).await
+    }
+}
+
+#[async_trait]
+impl<S: Send + Sync + 'static> ChainStore for Observed<S> {
+    async fn load_chain(&self, key: &SessionKey) -> Result<Option<bytes::Bytes>, StoreError> {
+        self.inner.load_chain(key).await
+    }
+
+    async fn save_chain(
+        &self,
+        key: &SessionKey,
+        items: bytes::Bytes,
+        replaces: Option<&SessionKey>,
+    ) -> Result<(), StoreError> {
+        self.inner.save_chain(key, items, replaces).await
     }
 }
 

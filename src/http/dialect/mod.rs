@@ -90,6 +90,30 @@ pub trait Dialect: Send + Sync + 'static {
     /// forwarded as it is).
     fn parse(&self, body: &[u8]) -> Option<(ChatRequest, Self::Origins)>;
 
+    /// For a shape whose provider keeps conversations by response id (the Responses
+    /// API): the response a body continues (`previous_response_id`), if any.
+    fn continues(&self, body: &[u8]) -> Option<String> {
+        let _ = body;
+        None
+    }
+
+    /// `body`, which continues a response, read as the whole conversation: `items` (the
+    /// stored conversation up to that response) then its own input; `None` when it
+    /// cannot be.
+    fn expand_chain(&self, body: &[u8], items: &[u8]) -> Option<Bytes> {
+        let _ = (body, items);
+        None
+    }
+
+    /// The conversation items of `body` (as a JSON array text) to store with its
+    /// answer's output, for a shape whose answers can be continued by id; `None` when
+    /// this answer will not be (or the body has none). `continued`: the body is a chain
+    /// foldgate expanded.
+    fn chain_items(&self, body: &[u8], continued: bool) -> Option<String> {
+        let _ = (body, continued);
+        None
+    }
+
     /// True when a parsed request relies on conversation state the provider keeps (e.g.
     /// a Responses `previous_response_id`): it is forwarded as received, never compacted.
     fn server_state(&self, origins: &Self::Origins) -> bool {

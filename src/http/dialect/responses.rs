@@ -128,6 +128,28 @@ impl Dialect for Responses {
         api::responses::parse(body)
     }
 
+    fn continues(&self, body: &[u8]) -> Option<String> {
+        api::responses::previous_response(body)
+    }
+
+    fn expand_chain(&self, body: &[u8], items: &[u8]) -> Option<Bytes> {
+        api::responses::expand_chain(body, items)
+    }
+
+    /// Its input (a string input as a user message), unless it asks the provider not to
+    /// store the answer (`"store": false`) and continues nothing: such an answer is not
+    /// continued by id.
+    fn chain_items(&self, body: &[u8], continued: bool) -> Option<String> {
+        let unstored = memchr::memmem::find(body, b"\"store\"").is_some() && {
+            let fields = Outline::scan_fields(body);
+            fields.is_some_and(|f| f.field("store").is_some_and(|v| v.trim_ascii() == b"false"))
+        };
+        if unstored && !continued {
+            return None;
+        }
+        api::responses::input_items(body)
+    }
+
     fn server_state(&self, origins: &Origins) -> bool {
         origins.server_state
     }

@@ -83,13 +83,15 @@ impl<D: Dialect> Exchange<'_, D> {
         true
     }
 
-    /// The body to forward: the prepared body, or the rendered compaction.
+    /// The body to forward: the prepared body (as it was before a chain was expanded
+    /// into it), or the rendered compaction.
     pub(super) fn body(&self) -> Bytes {
         let rewritten = self.record.decided.as_ref().and_then(|d| d.decision.rewritten.as_ref());
-        match (rewritten, &self.parsed) {
-            (Some(compacted), Some((_, origins))) => {
+        match (rewritten, &self.parsed, &self.continued) {
+            (Some(compacted), Some((_, origins)), _) => {
                 self.place.dialect.render(&self.prepared.body, origins, compacted)
             }
+            (_, _, Some((before, _))) => before.clone(),
             _ => self.prepared.body.clone(),
         }
     }

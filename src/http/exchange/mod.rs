@@ -3,21 +3,23 @@
 //! request's context, and its phases are its methods, in the order the request meets
 //! them. [`run`] drives them:
 //!
-//! 1. [`Exchange::read_body`]: the body, once, within `server.max_body_size`, decoded
+//! 1. `Exchange::read_body`: the body, once, within `server.max_body_size`, decoded
 //!    when compressed (`super::request_body`).
-//! 2. [`Exchange::prepare`]: the provider compaction API the body asks for, taken out
+//! 2. `Exchange::prepare`: the provider compaction API the body asks for, taken out
 //!    when foldgate serves it (`super::provider_compaction`), and the headers to forward.
-//! 3. [`Exchange::decide`]: the conversation stage decides what to forward (`decide`):
+//!    `Exchange::expand_chain`: a Responses body naming a response foldgate kept is
+//!    read as the whole conversation (`super::chain` keeps them).
+//! 3. `Exchange::decide`: the conversation stage decides what to forward (`decide`):
 //!    from the outline when clearly below the trigger, else parsed and compacted.
-//! 4. [`Exchange::serve_provider_api`]: the provider compaction foldgate serves, folded
+//! 4. `Exchange::serve_provider_api`: the provider compaction foldgate serves, folded
 //!    now; it may answer the request itself.
-//! 5. [`Exchange::forward`]: the body sent upstream.
-//! 6. [`Exchange::read_answer`]: the answer read as far as it tells of an overflow, or
+//! 5. `Exchange::forward`: the body sent upstream.
+//! 6. `Exchange::read_answer`: the answer read as far as it tells of an overflow, or
 //!    of an upstream that refuses the provider compaction it was left (then foldgate
 //!    serves it and the exchange goes back to 2).
-//! 7. [`Exchange::retry_after_overflow`]: after an overflow no client byte has seen,
+//! 7. `Exchange::retry_after_overflow`: after an overflow no client byte has seen,
 //!    compacted deeper and sent once more.
-//! 8. [`Exchange::respond`]: the answer's head tagged, the provider compaction's
+//! 8. `Exchange::respond`: the answer's head tagged, the provider compaction's
 //!    addition written into its body.
 //! 9. The end: the recorder ([`super::record`]) writes metrics, inspector entry, span,
 //!    usage and calibration when the answer's last byte was sent or the client left.
@@ -28,6 +30,7 @@
 mod decide;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -36,6 +39,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, full};
+use super::chain::{self, ChainSave};
 use super::dialect::Dialect;
 use super::error::ProxyError;
 use super::inspect::{EdgeFacts, Inspector};
@@ -46,12 +50,14 @@ use super::provider_compaction::on_request::{self, Addition};
 use super::provider_compaction::{CompactionApis, CompactionFamily, FoldFacts, Prepared};
 use super::record::{AnswerEnds, Operation, Record, team_of};
 use super::request_body::{self, ReceivedBody};
+use super::session_key::ChainScope;
 use super::session_key::SessionHeaders;
 use super::upstream::Upstream;
 use crate::config::ServedBy;
 use crate::conversation::Conversations;
-use crate::metrics::Metrics;
+use crate::metrics::{ChainResult, Metrics};
 use crate::model::ChatRequest;
+use crate::session::SessionKey;
 use crate::summarizer::llm::SUMMARY_HEADER;
 use crate::vocab::Outcome;
 
@@ -102,14 +108,21 @@ pub async fn run<D: Dialect>(
         record.untaken = (!routes.enabled).then_some(Outcome::Disabled);
         return passthrough::forward(upstream, max_body, metrics, request, progress, record).await;
     }
-    let mut exchange = Exchange::read_body(place, request, progress).await?;
-    match exchange.phases().await {
-        Ok(answer) => Ok(exchange.respond(answer)),
-        Err(error) => {
-            exchange.record.failed(metrics);
-            Err(error)
-        }
-    }
+    let exchange = Exchange::read_body(place, request, progress).await?;
+    exchange.run().await
+}
+
+/// Runs one request of a compacted route whose body is already read (a WebSocket
+/// frame made a request, see `super::websocket`): the same phases from the second on.
+pub async fn run_read<D: Dialect>(
+    place: Place<'_, D>,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let operation = if answers_whole(place.dialect) { Operation::Compact } else { Operation::Chat };
+    let mut record = Record::new(place.dialect.route(), operation, Instant::now());
+    record.team = team_of(place.metrics, &parts.headers);
+    Exchange::new(place, parts, ReceivedBody::identity(body), record).run().await
 }
 
 /// True for a shape foldgate answers from the whole conversation when it serves its
@@ -128,6 +141,9 @@ pub struct Exchange<'a, D: Dialect> {
     prepared: Prepared,
     /// The headers to forward (see [`CompactionFamily::forwarded_headers`]).
     headers: HeaderMap,
+    /// The body as prepared before the Responses chain it continues was expanded into
+    /// it, and the key of that chain (see [`Exchange::expand_chain`]).
+    continued: Option<(Bytes, SessionKey)>,
     /// The parsed request and the origins of its messages; `None` until parsed (a
     /// request decided from its outline never is).
     parsed: Option<(Arc<ChatRequest>, D::Origins)>,
@@ -160,7 +176,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         place: Place<'a, D>,
         request: Request<Incoming>,
         progress: Arc<BodyProgress>,
-    ) -> Result<Self, ProxyError> {
+    ) -> Result<Box<Self>, ProxyError> {
         let (parts, body) = request.into_parts();
         let operation =
             if answers_whole(place.dialect) { Operation::Compact } else { Operation::Chat };
@@ -177,18 +193,41 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             }
         };
         record.started = Instant::now();
+        Ok(Self::new(place, parts, received, record))
+    }
+
+    /// The exchange of a request whose body was read as `received`, boxed: it moves
+    /// through the phases' futures as a pointer, not as its kilobyte of context.
+    fn new(
+        place: Place<'a, D>,
+        parts: http::request::Parts,
+        received: ReceivedBody,
+        record: Record,
+    ) -> Box<Self> {
         let prepared = Prepared::unchanged(received.content().unwrap_or(received.raw()));
         let headers = HeaderMap::new();
-        Ok(Self {
+        Box::new(Self {
             place,
             parts,
             received,
             prepared,
             headers,
+            continued: None,
             parsed: None,
             model_key: String::new(),
             record,
         })
+    }
+
+    /// Phases 2 to 9 (see the module).
+    async fn run(mut self: Box<Self>) -> Result<Response<ProxyBody>, ProxyError> {
+        match self.phases().await {
+            Ok(answer) => Ok(self.respond(answer)),
+            Err(error) => {
+                self.record.failed(self.place.metrics);
+                Err(error)
+            }
+        }
     }
 
     /// Phases 2 to 7, until an answer; again from 2 when the upstream refused the
@@ -202,6 +241,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let mut serve = self.foldgate_serves();
         loop {
             let may_refuse = self.prepare(serve)?;
+            self.expand_chain().await;
             if !self.decide().await {
                 if self.prepared.served.as_ref().is_some_and(|s| s.answered_here()) {
                     return Err(ProxyError::InvalidRequest(
@@ -275,6 +315,25 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let may_refuse = prepared.left_for_upstream && apis.served_by(api) == ServedBy::Auto;
         self.prepared = prepared;
         Ok(may_refuse)
+    }
+
+    /// Phase 2b: a body continuing a Responses chain foldgate stored is read as the whole
+    /// conversation; the body as prepared is kept, to be forwarded as received when it
+    /// is not compacted. A chain foldgate does not know leaves the body as it is.
+    async fn expand_chain(&mut self) {
+        let Place { routes, dialect, .. } = self.place;
+        self.continued = None;
+        let Some(id) = dialect.continues(&self.prepared.body) else { return };
+        let key = ChainScope::of(&self.parts.headers).key(&id);
+        let stored = routes.conversations.load_chain(&key).await;
+        let expanded = stored.and_then(|items| dialect.expand_chain(&self.prepared.body, &items));
+        let Some(body) = expanded else {
+            self.record.chain = Some(ChainResult::Unknown);
+            return;
+        };
+        let before = std::mem::replace(&mut self.prepared.body, body);
+        self.continued = Some((before, key));
+        self.record.chain = Some(ChainResult::Expanded);
     }
 
     /// Phase 4: serves the provider compaction foldgate took on: folds the request when
@@ -361,7 +420,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// Phase 8: the answer for the client, its head tagged with what happened, the
     /// provider compaction's addition written into its body, watched by the recorder
     /// until it ends (phase 9).
-    fn respond(self, answer: Answer) -> Response<ProxyBody> {
+    fn respond(self: Box<Self>, answer: Answer) -> Response<ProxyBody> {
         let Answer { response, addition, upstream } = answer;
         let mut response = match addition {
             Some(addition) => answer::rewrite(response, |kind| addition.rewrite(kind)),
@@ -387,6 +446,20 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             }
         }
         ends.calibration = calibration;
+        let continued = self.continued.is_some();
+        let items = self.place.dialect.chain_items(&self.prepared.body, continued);
+        if let Some(items) = items.filter(|_| upstream) {
+            let stored = Arc::new(AtomicBool::new(false));
+            record.chain_stored = Some(stored.clone());
+            let save = ChainSave {
+                conversations: routes.conversations.clone(),
+                scope: ChainScope::of(&self.parts.headers),
+                items,
+                replaces: self.continued.map(|(_, key)| key),
+                stored,
+            };
+            response = chain::stored_before_end(response, save);
+        }
         record.watch(response, upstream, ends)
     }
 }

@@ -43,7 +43,7 @@
 //! the first answered ping ends the outage. So an outage costs only the requests that
 //! find it one timeout each, and sharing resumes by itself once Redis is back.
 
-use super::{LearnedStore, LeaseStore, RecordStore, StateStore};
+use super::{ChainStore, LearnedStore, LeaseStore, RecordStore, StateStore};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -502,6 +502,36 @@ impl<S: StoredState + Send + Sync + 'static> LearnedStore for RedisStore<S> {
         pipe.cmd("SADD").arg(&key).arg(name).ignore();
         pipe.cmd("PEXPIRE").arg(&key).arg(WINDOWS_TTL_MS).ignore();
         self.run(pipe.query_async::<()>(&mut conn)).await
+    }
+}
+
+#[async_trait]
+impl<S: StoredState + Send + Sync + 'static> ChainStore for RedisStore<S> {
+    async fn load_chain(&self, key: &SessionKey) -> Result<Option<bytes::Bytes>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = ::redis::cmd("GET");
+        cmd.arg(self.part_key("c", key));
+        let found: Option<Vec<u8>> = self.run(cmd.query_async(&mut conn)).await?;
+        Ok(found.map(bytes::Bytes::from))
+    }
+
+    async fn save_chain(
+        &self,
+        key: &SessionKey,
+        items: bytes::Bytes,
+        replaces: Option<&SessionKey>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let mut set = ::redis::cmd("SET");
+        set.arg(self.part_key("c", key)).arg(items.as_ref()).arg("PX").arg(self.ttl_ms);
+        self.run(set.query_async::<()>(&mut conn)).await?;
+        if let Some(old) = replaces {
+            // Its own slot in a cluster: a command of its own, best effort.
+            let mut del = ::redis::cmd("DEL");
+            del.arg(self.part_key("c", old));
+            self.run(del.query_async::<()>(&mut conn)).await?;
+        }
+        Ok(())
     }
 }
 
