@@ -420,6 +420,10 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// Phase 8: the answer for the client, its head tagged with what happened, the
     /// provider compaction's addition written into its body, watched by the recorder
     /// until it ends (phase 9).
+    #[expect(
+        clippy::boxed_local,
+        reason = "the exchange lives in its box: taken out, its context would be copied"
+    )]
     fn respond(self: Box<Self>, answer: Answer) -> Response<ProxyBody> {
         let Answer { response, addition, upstream } = answer;
         let mut response = match addition {
