@@ -32,6 +32,19 @@ struct Seen {
 fn chaining_upstream(seen: Arc<Mutex<Seen>>) -> Handler {
     let stored: Arc<Mutex<HashMap<String, Vec<Value>>>> = Arc::default();
     Arc::new(move |rec: Recorded| {
+        if rec.method != http::Method::POST {
+            // No WebSocket mode here (foldgate asks for one first).
+            return Box::pin(async { response(404, r#"{"detail":"Not Found"}"#) });
+        }
+        if memchr::memmem::find(&rec.body, b"compaction_trigger").is_some() {
+            // As vLLM or a gateway: the item is not one it knows.
+            let error = r#"{"error":{"message":"Invalid value: 'compaction_trigger'.","type":"invalid_request_error","param":"input","code":"invalid_value"}}"#;
+            return Box::pin(async move {
+                let mut r = response(400, error);
+                r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                r
+            });
+        }
         let body: Value = serde_json::from_slice(&rec.body).unwrap_or(Value::Null);
         let mut seen = seen.lock().unwrap();
         let mut items = Vec::new();
@@ -177,10 +190,8 @@ async fn the_websocket_mode_is_served_each_frame_compacted_over_an_http_upstream
     }
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mock = MockUpstream::start(chaining_upstream(seen.clone())).await;
-    let mut config = chain_config(&mock.url());
-    // Codex's compaction_trigger, served by foldgate.
-    config.responses.compact = foldgate::config::ServedBy::Foldgate;
-    let proxy = Proxy::start(config).await;
+    // Codex's compaction_trigger, `auto`: the upstream refuses it, foldgate serves it.
+    let proxy = Proxy::start(chain_config(&mock.url())).await;
     let steps = 32;
     let url = proxy.url("/v1");
     let output = tokio::task::spawn_blocking(move || {
@@ -206,7 +217,15 @@ async fn the_websocket_mode_is_served_each_frame_compacted_over_an_http_upstream
     }
     let trigger = &lines[steps + 1];
     assert_eq!(trigger["output"], json!(["compaction"]), "{trigger}");
-    let unknown = &lines[steps + 2]["event"];
+    let after = &lines[steps + 2];
+    assert_eq!(after["output"], json!(["function_call"]), "{after}");
+    // The turn after it reached the upstream readable: the digest as an assistant
+    // message, no sealed content, the new message as sent.
+    let last = mock.forwarded().last().unwrap().body.clone();
+    let text = String::from_utf8_lossy(&last);
+    assert!(!text.contains(foldgate::api::compaction_item::SEALED_PREFIX), "{text:.300}");
+    assert!(text.contains("[COMPACTED CONTEXT]") && text.contains("Now run the parser tests."));
+    let unknown = &lines[steps + 3]["event"];
     assert_eq!(unknown["type"], "error", "{unknown}");
     assert_eq!(unknown["error"]["code"], "previous_response_not_found", "{unknown}");
     let (continued, posts, largest) = {
@@ -216,7 +235,9 @@ async fn the_websocket_mode_is_served_each_frame_compacted_over_an_http_upstream
     // The upstream (HTTP only) got the whole conversation each time, never a chain it
     // would not know, never past the window.
     assert_eq!(continued, 0, "no previous_response_id reaches an HTTP upstream");
-    assert_eq!(posts, steps + 1, "one POST per frame, none for the warm-up");
+    // One POST per frame (none for the warm-up, the trigger refused once and then
+    // answered here, the turn after it).
+    assert_eq!(posts, steps + 2, "one POST per frame, none for the warm-up");
     assert!(largest <= WINDOW, "a prompt of {largest} tokens reached a {WINDOW}-token window");
     // Each frame is a request like any other: compacted past the trigger, recorded.
     let (_, _, metrics) =
@@ -230,6 +251,103 @@ async fn the_websocket_mode_is_served_each_frame_compacted_over_an_http_upstream
         .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
         .unwrap_or(0);
     assert!(compacted >= steps / 3, "{compacted} frames compacted: {metrics}");
+}
+
+/// A Responses upstream with the WebSocket mode, keeping each connection's responses
+/// (as the API does with `store: false`); answers with a `function_call` each time. Its
+/// URL (`http://…/v1`, as `upstream.url`).
+async fn socket_upstream(seen: Arc<Mutex<Seen>>) -> String {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(mut socket) = tokio_tungstenite::accept_async(stream).await else { return };
+                let mut stored: HashMap<String, Vec<Value>> = HashMap::new();
+                while let Some(Ok(Message::Text(text))) = socket.next().await {
+                    let frame: Value = serde_json::from_str(text.as_str()).unwrap();
+                    let mut items = Vec::new();
+                    let answer = {
+                        let mut seen = seen.lock().unwrap();
+                        if let Some(previous) = frame["previous_response_id"].as_str() {
+                            seen.continued += 1;
+                            match stored.get(previous) {
+                                Some(before) => items.extend(before.iter().cloned()),
+                                None => seen.unknown += 1,
+                            }
+                        }
+                        items.extend(frame["input"].as_array().cloned().unwrap_or_default());
+                        let prompt =
+                            format!("{}{}", frame["instructions"], Value::Array(items.clone()));
+                        let tokens = Encoding::O200kBase.count(&prompt);
+                        seen.prompts.push(tokens);
+                        let n = seen.prompts.len();
+                        let call = json!({"type": "function_call", "id": format!("fc_{n}"), "call_id": format!("call_{n}"), "name": "shell", "arguments": "{}", "status": "completed"});
+                        items.push(call.clone());
+                        let id = format!("resp_ws_{n:04}");
+                        stored.insert(id.clone(), items);
+                        json!({"id": id, "object": "response", "status": "completed", "model": frame["model"], "output": [call], "usage": {"input_tokens": tokens, "output_tokens": 12, "total_tokens": tokens + 12}})
+                    };
+                    let events = [
+                        json!({"type": "response.created", "sequence_number": 0, "response": {"id": answer["id"], "object": "response", "status": "in_progress", "output": []}}),
+                        json!({"type": "response.output_item.done", "sequence_number": 1, "output_index": 0, "item": answer["output"][0]}),
+                        json!({"type": "response.completed", "sequence_number": 2, "response": answer}),
+                    ];
+                    for event in events {
+                        if socket.send(Message::text(event.to_string())).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+#[tokio::test]
+async fn the_websocket_mode_speaks_a_websocket_to_an_upstream_that_has_one() {
+    if !tools::python_module_available("openai") || !tools::python_module_available("websockets") {
+        return;
+    }
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let upstream = socket_upstream(seen.clone()).await;
+    let mut config = chain_config(&upstream);
+    config.responses.compact = foldgate::config::ServedBy::Foldgate;
+    let proxy = Proxy::start(config).await;
+    let steps = 32;
+    let url = proxy.url("/v1");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args([WEBSOCKET_SCRIPT, &steps.to_string(), &url])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for line in &lines[1..=steps] {
+        assert_eq!(line["output"], json!(["function_call"]), "{line}");
+    }
+    assert_eq!(lines[steps + 1]["output"], json!(["compaction"]));
+    assert_eq!(lines[steps + 2]["output"], json!(["function_call"]));
+    let (continued, unknown, frames, largest) = {
+        let seen = seen.lock().unwrap();
+        let largest = seen.prompts.iter().max().copied().unwrap_or(0);
+        (seen.continued, seen.unknown, seen.prompts.len(), largest)
+    };
+    // Every frame went on the upstream's socket; those below the trigger as received
+    // (naming a response the upstream held), never one it did not hold.
+    // One frame upstream per frame: none for the warm-up nor the trigger (served here).
+    assert_eq!(frames, steps + 2, "one frame upstream per frame, none for the warm-up");
+    assert!(continued >= 1, "frames below the trigger went as received: {continued}");
+    assert_eq!(unknown, 0, "no frame named a response the upstream did not hold");
+    assert!(largest <= WINDOW, "a prompt of {largest} tokens reached a {WINDOW}-token window");
 }
 
 #[tokio::test]

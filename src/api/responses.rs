@@ -552,6 +552,21 @@ pub fn input_items(body: &[u8]) -> Option<String> {
     }
 }
 
+/// `items` (a JSON array text) without a `compaction_trigger` item at its end: what a
+/// chain keeps (the trigger asks for a compaction; it is never part of the conversation).
+pub fn without_trigger(items: String) -> String {
+    if !items.contains("compaction_trigger") {
+        return items;
+    }
+    let Ok(mut list) = serde_json::from_str::<Vec<&RawValue>>(&items) else { return items };
+    let last = list.last().and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok());
+    if last.is_some_and(|item| item["type"] == "compaction_trigger") {
+        list.pop();
+        return serde_json::to_string(&list).unwrap_or(items);
+    }
+    items
+}
+
 /// The JSON arrays `lists` as one array, their items in order; `None` when one is not an
 /// array.
 pub fn joined_items(lists: &[&str]) -> Option<String> {
@@ -721,5 +736,9 @@ mod tests {
         );
         assert_eq!(joined_items(&["[]", " [1] ", "[ ]", "[2,3]"]).as_deref(), Some("[1,2,3]"));
         assert_eq!(joined_items(&["[1]", "{}"]), None);
+        let triggered = r#"[{"role":"user","content":"x"},{"type":"compaction_trigger"}]"#;
+        assert_eq!(without_trigger(triggered.to_owned()), r#"[{"role":"user","content":"x"}]"#);
+        let named = r#"[{"role":"user","content":"compaction_trigger"}]"#;
+        assert_eq!(without_trigger(named.to_owned()), named, "only an item of that type");
     }
 }

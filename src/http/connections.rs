@@ -208,6 +208,11 @@ impl ConnectionPool {
         }
     }
 
+    /// The upstream's scheme and authority.
+    pub fn origin(&self) -> &Uri {
+        &self.origin
+    }
+
     async fn connect(self: &Arc<Self>) -> Result<Checkout, SendError> {
         let io = self
             .connector

@@ -25,6 +25,7 @@ pub mod session_key;
 pub mod sse;
 pub mod trace;
 pub mod upstream;
+mod upstream_socket;
 pub mod usage;
 pub mod websocket;
 

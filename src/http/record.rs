@@ -65,6 +65,9 @@ pub struct Record {
     pub learned_window: bool,
     /// What became of the Responses chain the request continued, if it named one.
     pub chain: Option<ChainResult>,
+    /// The answer is foldgate's own (a provider compaction it served): the upstream was
+    /// not asked (`x-foldgate-served-by: foldgate`).
+    pub answered_here: bool,
     /// Set once the answer is stored as the end of its Responses chain.
     pub chain_stored: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// When foldgate began working on the request.
@@ -123,6 +126,7 @@ impl Record {
             overflow: None,
             learned_window: false,
             chain: None,
+            answered_here: false,
             chain_stored: None,
             started,
             sends: [None, None],
@@ -184,7 +188,7 @@ impl Record {
         if let Some(window) = decided.learned {
             headers.insert(LEARNED_WINDOW, HeaderValue::from(window));
         }
-        if self.provider_api.is_some_and(|(_, here)| here) && self.operation == Operation::Compact {
+        if self.answered_here {
             headers.insert(SERVED_BY, HeaderValue::from_static("foldgate"));
         }
     }

@@ -102,6 +102,7 @@ async fn compacted<D: Dialect>(
         upstream,
         metrics: &state.metrics,
         max_body: state.max_body,
+        socket: None,
     };
     let response = in_span!(&span, exchange::run(place, request, progress.clone()));
     (dialect.route(), traced(&span, response))

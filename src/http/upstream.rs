@@ -114,6 +114,15 @@ impl Upstream {
         Ok(Uri::from(path_and_query))
     }
 
+    /// The upstream's URL for foldgate's `path` as a WebSocket URL (`ws://`, or `wss://`
+    /// for an `https` upstream).
+    pub fn websocket_url(&self, path: &str) -> Option<String> {
+        let target = self.target_uri(path, None).ok()?;
+        let origin = self.pool.origin();
+        let scheme = if origin.scheme_str() == Some("https") { "wss" } else { "ws" };
+        Some(format!("{scheme}://{}{target}", origin.authority()?))
+    }
+
     /// Closes idle connections older than `upstream.pool_idle_timeout`.
     pub fn close_expired(&self) {
         self.pool.close_expired();

@@ -6,9 +6,12 @@
 //! metrics, inspector entry and span. The connection keeps its chain: for each response,
 //! the whole conversation up to its output (encrypted reasoning included), so that a frame
 //! naming `previous_response_id` (and carrying only the new items, as Codex sends them) is
-//! read as the whole conversation. Upstream, each frame is a streamed `POST
-//! /v1/responses` carrying that whole conversation, compacted past the trigger; the
-//! upstream's events come back as text frames, in order. A `generate: false` frame (the
+//! read as the whole conversation. Upstream, foldgate opens a socket of its own at the
+//! connection's first frame (`super::upstream_socket`): when the upstream accepts it,
+//! each frame goes there, as received below the trigger (the upstream holds the
+//! response it names) and as the whole compacted conversation past it; when it does
+//! not, each frame is a streamed `POST /v1/responses` carrying the whole conversation,
+//! compacted past the trigger. The upstream's events come back as text frames, in order. A `generate: false` frame (the
 //! warm-up) is answered by foldgate with an empty response, the upstream not asked. An
 //! error (the upstream's, or foldgate's own) is an `error` event; the connection stays.
 //!
@@ -42,11 +45,15 @@ use super::exchange::{self, Place};
 use super::sse::Events;
 use super::trace::in_span;
 use super::upstream::Upstream;
-use crate::api::responses::{input_items, joined_items};
+use super::upstream_socket::UpstreamSocket;
+use crate::api::responses::{input_items, joined_items, without_trigger};
 use crate::metrics::Metrics;
 
 /// How many responses of one connection stay continuable (the latest ones).
 const KEPT_RESPONSES: usize = 8;
+
+/// The longest the first frame of a connection waits for the upstream's socket.
+const SOCKET_OPEN_WAIT: Duration = Duration::from_secs(10);
 
 /// What each frame's request goes through: the compacted routes' shared state, the
 /// upstream, the metrics, the body limit.
@@ -129,10 +136,18 @@ fn frame_headers(upgrade: &HeaderMap) -> HeaderMap {
     headers
 }
 
-/// One connection's responses, by id: the conversation up to each one's output.
+/// One connection's responses, by id: the conversation up to each one's output; and its
+/// upstream, once its first request asked.
 #[derive(Default)]
 struct Chain {
     kept: VecDeque<(String, String)>,
+    /// The upstream's socket; `None` when it has none (streamed POSTs then).
+    upstream: Option<UpstreamSocket>,
+    /// The upstream was asked for a socket.
+    opened: bool,
+    /// The responses the upstream's socket holds (it made them): a frame naming one
+    /// goes to it as received when it is not compacted.
+    held_upstream: VecDeque<String>,
 }
 
 impl Chain {
@@ -147,6 +162,14 @@ impl Chain {
             self.kept.pop_front();
         }
         self.kept.push_back((id, items));
+    }
+
+    /// Notes that the upstream's socket holds response `id`.
+    fn held_upstream(&mut self, id: &str) {
+        if self.held_upstream.len() >= KEPT_RESPONSES {
+            self.held_upstream.pop_front();
+        }
+        self.held_upstream.push_back(id.to_owned());
     }
 }
 
@@ -211,19 +234,28 @@ where
         }
         return Ok(());
     }
+    if !chain.opened {
+        chain.opened = true;
+        chain.upstream = UpstreamSocket::open(&state.upstream, head, SOCKET_OPEN_WAIT).await;
+    }
     let mut parts = Request::new(()).into_parts().0;
     parts.method = Method::POST;
     parts.uri = http::Uri::from_static("/v1/responses");
     parts.headers = head.clone();
+    // On the upstream's socket, a frame naming a response it holds goes as received
+    // when it is not compacted; any other carries the whole conversation.
+    let held = request.previous.as_ref().is_none_or(|p| chain.held_upstream.contains(p));
+    let as_received = chain.upstream.as_ref().and(held.then_some(request.as_received));
     let place = Place {
         routes: &state.compacted,
         dialect: &Responses,
         upstream: &state.upstream,
         metrics: &state.metrics,
         max_body: state.max_body,
+        socket: chain.upstream.as_ref(),
     };
     let span = super::trace::request_span(crate::metrics::Route::Responses, false, head);
-    let answer = in_span!(&span, exchange::run_read(place, parts, request.body));
+    let answer = in_span!(&span, exchange::run_read(place, parts, request.body, as_received));
     let response = match answer {
         Ok(response) => response,
         Err(error) => return send(socket, &error_event(error.status(), &error.body())).await,
@@ -237,6 +269,11 @@ struct FrameRequest {
     body: Bytes,
     items: String,
     warm_up: bool,
+    /// The frame as a request body as it came (only its own items, naming the
+    /// response it continues), for an upstream that holds that response.
+    as_received: Bytes,
+    /// The response it continues.
+    previous: Option<String>,
 }
 
 /// Reads a client frame; an `error` event for one foldgate cannot serve.
@@ -253,10 +290,15 @@ fn create_request(chain: &Chain, text: &str) -> Result<FrameRequest, Value> {
         Some(Value::String(kind)) if kind == "response.create" => {}
         other => return Err(invalid(format!("expected a response.create event, not {other:?}"))),
     }
-    let warm_up = frame.remove("generate") == Some(Value::Bool(false));
+    let warm_up = frame.get("generate") == Some(&Value::Bool(false));
+    // As the client sent it (only `type` taken off): what the upstream's socket gets
+    // when it holds the response named and the frame is not compacted.
+    let as_received = Bytes::from(Value::Object(frame.clone()).to_string());
+    frame.remove("generate");
     let own = frame.get("input").map(Value::to_string);
     let own = own.and_then(|raw| input_items(format!(r#"{{"input":{raw}}}"#).as_bytes()));
     let own = own.unwrap_or_else(|| "[]".to_owned());
+    let previous = frame.get("previous_response_id").and_then(Value::as_str).map(str::to_owned);
     let items = match frame.remove("previous_response_id") {
         Some(Value::String(previous)) => match chain.items(&previous) {
             Some(before) => joined_items(&[before, &own]).unwrap_or(own),
@@ -273,9 +315,10 @@ fn create_request(chain: &Chain, text: &str) -> Result<FrameRequest, Value> {
     };
     let input: Value = serde_json::from_str(&items).unwrap_or(Value::Array(Vec::new()));
     frame.insert("input".to_owned(), input);
+    let items = without_trigger(items);
     frame.insert("stream".to_owned(), Value::Bool(true));
     let body = Bytes::from(Value::Object(frame).to_string());
-    Ok(FrameRequest { body, items, warm_up })
+    Ok(FrameRequest { body, items, warm_up, as_received, previous })
 }
 
 /// The events of a warm-up's empty response, and its id.
@@ -305,6 +348,8 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let status = response.status();
+    // foldgate's own answer (a compaction it served): not a response the upstream holds.
+    let from_upstream = !response.headers().contains_key("x-foldgate-served-by");
     let events = response
         .headers()
         .get(header::CONTENT_TYPE)
@@ -329,6 +374,11 @@ where
             let Ok(value) = serde_json::from_slice::<Value>(&event.data) else { continue };
             if value["type"] == "response.completed" {
                 keep(chain, &items, &value["response"]);
+                if chain.upstream.is_some() && from_upstream {
+                    if let Some(id) = value["response"]["id"].as_str() {
+                        chain.held_upstream(id);
+                    }
+                }
             }
             send(socket, &value).await?;
         }

@@ -45,6 +45,8 @@ pub struct Outcome {
     pub fallback: Option<(usize, f64)>,
     /// WebSocket upgrades foldgate served (101).
     pub upgrades: usize,
+    /// The agent's requests the model got as WebSocket frames.
+    pub upstream_frames: usize,
     pub max_tokens: usize,
     pub over_window: usize,
     /// The most thinking blocks or reasoning items one request brought back.
@@ -131,9 +133,17 @@ impl Outcome {
         );
         assert!(self.requests > STEPS, "{what}: only {} requests for {STEPS} steps", self.requests);
         if self.agent == Agent::CodexDefault && matches!(self.via, Via::Foldgate(_)) {
-            // Its own transport, served: the socket upgraded, no fallback to HTTP.
+            // Its own transport, served: the socket upgraded, no fallback to HTTP; upstream,
+            // a socket when the model has the mode, streamed POSTs when it does not.
             assert!(self.upgrades >= 1, "{what}: Codex's WebSocket was not served");
             assert!(self.fallback.is_none(), "{what}: upgrades refused: {:?}", self.fallback);
+            let on_socket = self.via == Via::Foldgate("extractive");
+            assert_eq!(
+                self.upstream_frames > 0,
+                on_socket,
+                "{what}: {} frames upstream",
+                self.upstream_frames
+            );
         }
         // One agent's requests are one conversation, with no setting for the agent.
         if matches!(self.via, Via::Foldgate(_)) {
@@ -228,7 +238,11 @@ pub async fn run(agent: Agent, via: Via) -> Outcome {
         lines: LINES,
         finish: agent.finish(),
         window: agent.window(),
-        websocket: via == Via::Direct && agent == Agent::CodexDefault,
+        // Codex's default mode has a model with the WebSocket mode directly and behind
+        // foldgate with the extractive summarizer; behind foldgate with the model
+        // summarizer, an HTTP-only one.
+        websocket: agent == Agent::CodexDefault
+            && matches!(via, Via::Direct | Via::Foldgate("extractive")),
     };
     let model = ScriptedModel::start(script).await;
     let dir = run_dir(agent, via);
@@ -303,6 +317,7 @@ pub async fn run(agent: Agent, via: Via) -> Outcome {
     }
     let (path, stream) = agent.sends();
     let conversation: Vec<_> = seen.iter().filter(|s| s.api.is_some() && !s.summary).collect();
+    let upstream_frames = conversation.iter().filter(|s| s.method == "WS").count();
     let reshaped = conversation
         .iter()
         .filter(|s| (s.path != path && s.method != "WS") || s.stream != stream)
@@ -341,6 +356,7 @@ pub async fn run(agent: Agent, via: Via) -> Outcome {
         sessions,
         fallback,
         upgrades,
+        upstream_frames,
         max_tokens: conversation.iter().map(|s| s.tokens).max().unwrap_or(0),
         over_window: conversation.iter().filter(|s| s.tokens > agent.window()).count(),
         max_signed: conversation.iter().map(|s| s.signed).max().unwrap_or(0),

@@ -51,6 +51,12 @@ def main() -> int:
         print(json.dumps({"step": "trigger", "types": types,
                           "output": [o["type"] for o in trigger["response"]["output"]]}),
               flush=True)
+        # The next turn continues from the compaction.
+        after, types = exchange({"input": [{"role": "user", "content": "Now run the parser tests."}],
+                                 "previous_response_id": trigger["response"]["id"]})
+        print(json.dumps({"step": "after_trigger", "types": types, "event": after,
+                          "output": [o["type"] for o in after.get("response", {}).get("output", [])]}),
+              flush=True)
         # A frame naming a response this connection does not know: an error event.
         unknown, _ = exchange({"input": [], "previous_response_id": "resp_elsewhere"})
         print(json.dumps({"step": "unknown", "event": unknown}), flush=True)

@@ -147,7 +147,7 @@ impl Dialect for Responses {
         if unstored && !continued {
             return None;
         }
-        api::responses::input_items(body)
+        api::responses::input_items(body).map(api::responses::without_trigger)
     }
 
     fn server_state(&self, origins: &Origins) -> bool {

@@ -91,6 +91,7 @@ impl<D: Dialect> Exchange<'_, D> {
             (Some(compacted), Some((_, origins)), _) => {
                 self.place.dialect.render(&self.prepared.body, origins, compacted)
             }
+            _ if self.as_received.is_some() => self.as_received.clone().unwrap_or_default(),
             (_, _, Some((before, _))) => before.clone(),
             _ => self.prepared.body.clone(),
         }

@@ -53,6 +53,7 @@ use super::request_body::{self, ReceivedBody};
 use super::session_key::ChainScope;
 use super::session_key::SessionHeaders;
 use super::upstream::Upstream;
+use super::upstream_socket::UpstreamSocket;
 use crate::config::ServedBy;
 use crate::conversation::Conversations;
 use crate::metrics::{ChainResult, Metrics};
@@ -90,6 +91,9 @@ pub struct Place<'a, D> {
     pub metrics: &'a Arc<Metrics>,
     /// `server.max_body_size` in bytes.
     pub max_body: u64,
+    /// The upstream's WebSocket, when the request is a frame of a client connection
+    /// whose upstream accepted one (see `super::websocket`): it is sent there.
+    pub socket: Option<&'a UpstreamSocket>,
 }
 
 /// Runs one request of a compacted route through its exchange; how far its body was
@@ -99,7 +103,7 @@ pub async fn run<D: Dialect>(
     request: Request<Incoming>,
     progress: Arc<BodyProgress>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let Place { routes, dialect, upstream, metrics, max_body } = place;
+    let Place { routes, dialect, upstream, metrics, max_body, .. } = place;
     let summary_call = request.headers().contains_key(SUMMARY_HEADER);
     if !routes.enabled || summary_call {
         // A digest call of foldgate's own goes as it is; so does every request when
@@ -114,15 +118,20 @@ pub async fn run<D: Dialect>(
 
 /// Runs one request of a compacted route whose body is already read (a WebSocket
 /// frame made a request, see `super::websocket`): the same phases from the second on.
+/// `as_received`: the request as the client sent it, forwarded when it is not compacted
+/// (a frame naming a response the upstream's socket holds).
 pub async fn run_read<D: Dialect>(
     place: Place<'_, D>,
     parts: http::request::Parts,
     body: Bytes,
+    as_received: Option<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let operation = if answers_whole(place.dialect) { Operation::Compact } else { Operation::Chat };
     let mut record = Record::new(place.dialect.route(), operation, Instant::now());
     record.team = team_of(place.metrics, &parts.headers);
-    Exchange::new(place, parts, ReceivedBody::identity(body), record).run().await
+    let mut exchange = Exchange::new(place, parts, ReceivedBody::identity(body), record);
+    exchange.as_received = as_received;
+    exchange.run().await
 }
 
 /// True for a shape foldgate answers from the whole conversation when it serves its
@@ -144,6 +153,9 @@ pub struct Exchange<'a, D: Dialect> {
     /// The body as prepared before the Responses chain it continues was expanded into
     /// it, and the key of that chain (see [`Exchange::expand_chain`]).
     continued: Option<(Bytes, SessionKey)>,
+    /// The request as the client sent it, forwarded when it is not compacted (a frame
+    /// of a connection whose upstream holds its chain).
+    as_received: Option<Bytes>,
     /// The parsed request and the origins of its messages; `None` until parsed (a
     /// request decided from its outline never is).
     parsed: Option<(Arc<ChatRequest>, D::Origins)>,
@@ -213,6 +225,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             prepared,
             headers,
             continued: None,
+            as_received: None,
             parsed: None,
             model_key: String::new(),
             record,
@@ -274,7 +287,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
                 None => first.response,
                 Some(body) => {
                     drop(first);
-                    client_response(self.forward(body).await?)
+                    self.forward(body).await?
                 }
             };
             return Ok(Answer { response, addition, upstream: true });
@@ -362,19 +375,21 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// Phase 5: sends `body` upstream with the client's method, path and (forwarded)
     /// headers: the body as received when it is the content unchanged (compressed as it
     /// came), else identity-encoded.
-    async fn forward(
-        &mut self,
-        body: Bytes,
-    ) -> Result<http::Response<super::upstream::UpstreamBody>, ProxyError> {
-        let mut headers = self.headers.clone();
-        let body = self.received.outgoing(body, &mut headers);
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-        let (method, uri) = (self.parts.method.clone(), &self.parts.uri);
-        let upstream = self.place.upstream;
-        let request = build_request(upstream, method, uri, headers, full(body))?;
+    async fn forward(&mut self, body: Bytes) -> Result<Response<ProxyBody>, ProxyError> {
         let overhead = self.record.started.elapsed();
         let sent = Instant::now();
-        let result = upstream.send(request).await;
+        let result = match self.place.socket {
+            Some(socket) => socket.send(&body).await,
+            None => {
+                let mut headers = self.headers.clone();
+                let body = self.received.outgoing(body, &mut headers);
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                let (method, uri) = (self.parts.method.clone(), &self.parts.uri);
+                let upstream = self.place.upstream;
+                let request = build_request(upstream, method, uri, headers, full(body))?;
+                upstream.send(request).await.map(client_response)
+            }
+        };
         self.record.sent(overhead, sent.elapsed());
         result
     }
@@ -382,13 +397,8 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// Phase 6: reads the upstream's answer as far as it tells of an overflow (no byte
     /// has reached the client yet), or of a refusal of the provider compaction fields
     /// left for it when `may_refuse`.
-    async fn read_answer(
-        &mut self,
-        response: http::Response<super::upstream::UpstreamBody>,
-        may_refuse: bool,
-    ) -> Read {
+    async fn read_answer(&mut self, response: Response<ProxyBody>, may_refuse: bool) -> Read {
         let dialect = self.place.dialect;
-        let response = client_response(response);
         let status = response.status();
         let first = overflow::read(&dialect.overflow(), response, self.retryable()).await;
         let error = first.error.as_deref();
@@ -413,7 +423,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     async fn untaken(&mut self) -> Result<Answer, ProxyError> {
         self.record.untaken = Some(Outcome::NotChat);
         let raw = self.received.raw().clone();
-        let response = client_response(self.forward(raw).await?);
+        let response = self.forward(raw).await?;
         Ok(Answer { response, addition: None, upstream: true })
     }
 
@@ -433,6 +443,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let routes = self.place.routes;
         let calibration = self.calibration().filter(|_| upstream);
         let mut record = self.record;
+        record.answered_here = !upstream;
         record.tag(response.headers_mut());
         let mut ends = AnswerEnds::metrics(self.place.metrics);
         if record.decided.is_some() {
@@ -452,7 +463,9 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         ends.calibration = calibration;
         let continued = self.continued.is_some();
         let items = self.place.dialect.chain_items(&self.prepared.body, continued);
-        if let Some(items) = items.filter(|_| upstream) {
+        // A frame on the upstream's socket: the connection keeps its own chain.
+        let kept_here = upstream && self.place.socket.is_none();
+        if let Some(items) = items.filter(|_| kept_here) {
             let stored = Arc::new(AtomicBool::new(false));
             record.chain_stored = Some(stored.clone());
             let save = ChainSave {
