@@ -111,11 +111,11 @@ fn chain_config(upstream: &str) -> foldgate::config::Config {
     config
 }
 
-/// Runs the SDK script for `steps` steps across `urls`; its lines.
-async fn run_chain(steps: usize, urls: Vec<String>) -> Vec<Value> {
+/// Runs the SDK `script` for `steps` steps across `urls`; its lines.
+async fn run_script(script: &'static str, steps: usize, urls: Vec<String>) -> Vec<Value> {
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new("python3")
-            .arg(SCRIPT)
+            .arg(script)
             .arg(steps.to_string())
             .args(&urls)
             .output()
@@ -150,7 +150,7 @@ async fn a_chain_of_responses_is_compacted_and_never_overflows() {
     let mock = MockUpstream::start(chaining_upstream(seen.clone())).await;
     let proxy = Proxy::start(chain_config(&mock.url())).await;
     let steps = 32;
-    let lines = run_chain(steps, vec![proxy.url("/v1")]).await;
+    let lines = run_script(SCRIPT, steps, vec![proxy.url("/v1")]).await;
     assert_chain_held(&lines, steps, &seen.lock().unwrap());
     let (_, _, metrics) =
         send(http::Request::get(proxy.url("/metrics")).body(full("")).unwrap()).await;
@@ -176,7 +176,7 @@ async fn a_chain_continues_on_another_replica_sharing_redis() {
     };
     let (a, b) = (Proxy::start(replica()).await, Proxy::start(replica()).await);
     let steps = 32;
-    let lines = run_chain(steps, vec![a.url("/v1"), b.url("/v1")]).await;
+    let lines = run_script(SCRIPT, steps, vec![a.url("/v1"), b.url("/v1")]).await;
     assert_chain_held(&lines, steps, &seen.lock().unwrap());
 }
 
@@ -194,17 +194,7 @@ async fn the_websocket_mode_is_served_each_frame_compacted_over_an_http_upstream
     let proxy = Proxy::start(chain_config(&mock.url())).await;
     let steps = 32;
     let url = proxy.url("/v1");
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args([WEBSOCKET_SCRIPT, &steps.to_string(), &url])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = run_script(WEBSOCKET_SCRIPT, steps, vec![url]).await;
     // The warm-up: answered by foldgate, no output, the upstream not asked for it.
     assert_eq!(lines[0]["types"], json!(["response.created", "response.completed"]));
     assert_eq!(lines[0]["output"], json!([]));
@@ -320,17 +310,7 @@ async fn the_websocket_mode_speaks_a_websocket_to_an_upstream_that_has_one() {
     let proxy = Proxy::start(config).await;
     let steps = 32;
     let url = proxy.url("/v1");
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args([WEBSOCKET_SCRIPT, &steps.to_string(), &url])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = run_script(WEBSOCKET_SCRIPT, steps, vec![url]).await;
     for line in &lines[1..=steps] {
         assert_eq!(line["output"], json!(["function_call"]), "{line}");
     }

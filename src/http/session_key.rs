@@ -89,18 +89,7 @@ pub struct ChainScope(Sha256);
 impl ChainScope {
     /// The scope of the caller with `headers`.
     pub fn of(headers: &HeaderMap) -> Self {
-        let mut hash = Sha256::new();
-        hash.update(b"foldgate/chain/v1\0");
-        match credential(headers) {
-            Some((name, value)) => {
-                hash.update(name.as_bytes());
-                hash.update(b"\0");
-                hash.update(value.as_bytes());
-            }
-            None => hash.update(b"anonymous"),
-        }
-        hash.update(b"\0");
-        Self(hash)
+        Self(scoped(b"foldgate/chain/v1\0", headers))
     }
 
     /// The key of the chain ending with response `id`.
@@ -252,16 +241,11 @@ pub fn session_key_with(
     }))
 }
 
-/// The key from the credential and `id` (the first session header present), or else
-/// from the fingerprint `(model, first system message, first user message)` that
-/// `fingerprint` gives.
-fn key<'a>(
-    headers: &HeaderMap,
-    id: Option<&HeaderValue>,
-    fingerprint: impl FnOnce() -> Fingerprint<'a>,
-) -> SessionKey {
+/// A hash begun with `domain` and the caller's credential (its header's name and value;
+/// `anonymous` without one): every key of a tenant starts so.
+fn scoped(domain: &[u8], headers: &HeaderMap) -> Sha256 {
     let mut hash = Sha256::new();
-    hash.update(b"foldgate/session/v2\0");
+    hash.update(domain);
     match credential(headers) {
         Some((name, value)) => {
             hash.update(name.as_bytes());
@@ -271,6 +255,18 @@ fn key<'a>(
         None => hash.update(b"anonymous"),
     }
     hash.update(b"\0");
+    hash
+}
+
+/// The key from the credential and `id` (the first session header present), or else
+/// from the fingerprint `(model, first system message, first user message)` that
+/// `fingerprint` gives.
+fn key<'a>(
+    headers: &HeaderMap,
+    id: Option<&HeaderValue>,
+    fingerprint: impl FnOnce() -> Fingerprint<'a>,
+) -> SessionKey {
+    let mut hash = scoped(b"foldgate/session/v2\0", headers);
     match id {
         Some(id) => {
             hash.update(b"header\0");

@@ -371,16 +371,22 @@ where
         let Some(data) = frame.data_ref() else { continue };
         stream.extend_from_slice(data);
         while let Some(event) = reader.next(&stream) {
-            let Ok(value) = serde_json::from_slice::<Value>(&event.data) else { continue };
-            if value["type"] == "response.completed" {
-                keep(chain, &items, &value["response"]);
-                if chain.upstream.is_some() && from_upstream {
-                    if let Some(id) = value["response"]["id"].as_str() {
-                        chain.held_upstream(id);
+            // Each event's data goes on as it came; only the one that ends the response
+            // is read (for the connection's chain).
+            if memchr::memmem::find(&event.data, b"\"response.completed\"").is_some() {
+                if let Ok(value) = serde_json::from_slice::<Value>(&event.data) {
+                    if value["type"] == "response.completed" {
+                        keep(chain, &items, &value["response"]);
+                        if chain.upstream.is_some() && from_upstream {
+                            if let Some(id) = value["response"]["id"].as_str() {
+                                chain.held_upstream(id);
+                            }
+                        }
                     }
                 }
             }
-            send(socket, &value).await?;
+            let text = String::from_utf8_lossy(&event.data).into_owned();
+            socket.send(Message::text(text)).await?;
         }
     }
     Ok(())

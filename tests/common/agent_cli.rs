@@ -43,7 +43,7 @@ impl Agent {
         match self {
             Agent::ClaudeCode => "claude-code",
             Agent::ClaudeCodeGatewayModel => "claude-code (gateway model id)",
-            Agent::CodexDefault => "codex (default: websocket, then http)",
+            Agent::CodexDefault => "codex (default: websocket)",
             Agent::CodexHttp => "codex (http provider)",
             Agent::OpenCode => "opencode",
             Agent::MiniSweAgent => "mini-swe-agent",

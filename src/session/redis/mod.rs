@@ -27,6 +27,10 @@
 //!   record's `MULTI`); each expires `ttl` after last use. An append is one `MULTI`
 //!   (counters by `HINCRBY`, lists by `RPUSH` and `LTRIM`), so replicas never lose each
 //!   other's entries. The operator's list `SCAN`s every primary of a cluster.
+//! - `<p>{<chain key>}:chain`: the conversation's items up to the last response of a
+//!   Responses chain (a JSON array text; the key scoped by the caller's credential and
+//!   naming the response), set with the `ttl` and deleted once a later response of the
+//!   chain is stored.
 //!
 //! Keys of releases before the hash tags (`<p>s:<key>`, ...) are not read: after an
 //! upgrade conversations start afresh and the old keys expire by themselves.
@@ -510,7 +514,7 @@ impl<S: StoredState + Send + Sync + 'static> ChainStore for RedisStore<S> {
     async fn load_chain(&self, key: &SessionKey) -> Result<Option<bytes::Bytes>, StoreError> {
         let mut conn = self.conn.clone();
         let mut cmd = ::redis::cmd("GET");
-        cmd.arg(self.part_key("c", key));
+        cmd.arg(self.part_key("chain", key));
         let found: Option<Vec<u8>> = self.run(cmd.query_async(&mut conn)).await?;
         Ok(found.map(bytes::Bytes::from))
     }
@@ -523,12 +527,12 @@ impl<S: StoredState + Send + Sync + 'static> ChainStore for RedisStore<S> {
     ) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
         let mut set = ::redis::cmd("SET");
-        set.arg(self.part_key("c", key)).arg(items.as_ref()).arg("PX").arg(self.ttl_ms);
+        set.arg(self.part_key("chain", key)).arg(items.as_ref()).arg("PX").arg(self.ttl_ms);
         self.run(set.query_async::<()>(&mut conn)).await?;
         if let Some(old) = replaces {
             // Its own slot in a cluster: a command of its own, best effort.
             let mut del = ::redis::cmd("DEL");
-            del.arg(self.part_key("c", old));
+            del.arg(self.part_key("chain", old));
             self.run(del.query_async::<()>(&mut conn)).await?;
         }
         Ok(())
