@@ -344,3 +344,28 @@ async fn a_response_foldgate_does_not_know_is_forwarded_as_received_and_counted(
     let metrics = String::from_utf8_lossy(&metrics).into_owned();
     assert!(metrics.contains(r#"foldgate_response_chains_total{result="unknown"} 1"#), "{metrics}");
 }
+
+#[tokio::test]
+async fn a_frame_past_the_body_limit_closes_the_socket_with_1009() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mock = MockUpstream::start(chaining_upstream(seen.clone())).await;
+    let mut config = chain_config(&mock.url());
+    config.server.max_body_size = foldgate::config::ByteSize(64 * 1024);
+    let proxy = Proxy::start(config).await;
+    let url = format!("ws://{}/v1/responses", proxy.addr);
+    let (mut socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let big = json!({"type": "response.create", "model": "m", "input": "x".repeat(100 * 1024)});
+    socket.send(Message::text(big.to_string())).await.unwrap();
+    let closed = loop {
+        match socket.next().await {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    assert_eq!(closed.map(|f| f.code), Some(CloseCode::Size));
+    assert!(seen.lock().unwrap().prompts.is_empty(), "nothing reached the upstream");
+}

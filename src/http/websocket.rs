@@ -35,7 +35,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 
 use super::body::{ProxyBody, full};
 use super::dialect::Responses;
@@ -193,6 +194,13 @@ async fn serve<S>(
             Err(_) => {
                 tracing::debug!("an idle WebSocket connection closed");
                 let _ = socket.close(None).await;
+                return;
+            }
+            Ok(Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(error)))) => {
+                // A frame past `server.max_body_size`: closed with 1009 (too big).
+                let reason = format!("a frame larger than server.max_body_size: {error}");
+                let close = CloseFrame { code: CloseCode::Size, reason: reason.into() };
+                let _ = socket.close(Some(close)).await;
                 return;
             }
             Ok(None | Some(Err(_))) => return,
