@@ -13,8 +13,12 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use foldgate::api::anthropic_edits::{self, apply_clearing, without_context_management};
+use foldgate::api::compaction_item::take_trigger;
 use foldgate::api::compaction_item::{Sealer, open_items, take_context_management};
 use foldgate::api::event_stream::{Flow, Rewriting};
+use foldgate::api::responses::{
+    expand_chain, input_items, joined_items, previous_response, without_trigger,
+};
 use foldgate::api::responses_output::OutputItemInjector;
 use foldgate::compaction::check::verify;
 use foldgate::compaction::{Engine, Forward, Options, SessionState};
@@ -26,7 +30,7 @@ use foldgate::http::dialect::{ChatCompletions, Dialect, Messages, OverflowSignal
 use foldgate::http::provider_compaction::{CompactionFamily, MessagesContext, rejects_field};
 use foldgate::http::session_key::SessionHeaders;
 use foldgate::http::sse::Events;
-use foldgate::http::usage::{Usage, UsageReader};
+use foldgate::http::usage::{Usage, UsageReader, response_output};
 use foldgate::model::{ChatRequest, Role};
 use foldgate::outline::{Outline, array_elements};
 use foldgate::summarizer::ExtractiveSummarizer;
@@ -135,6 +139,20 @@ fn renders_unchanged<D: Dialect>(dialect: &D, data: &[u8]) {
 /// The Responses API: parse and render.
 pub fn responses_request(data: &[u8]) {
     renders_unchanged(&Responses, data);
+    responses_chains(data);
+}
+
+/// What Responses chains and Codex's `compaction_trigger` read of a body (and of stored
+/// chain items, which come back from the session store): they only read.
+fn responses_chains(data: &[u8]) {
+    let _ = take_trigger(data);
+    let _ = previous_response(data);
+    if let Some(items) = input_items(data) {
+        let _ = without_trigger(items.clone());
+        let _ = joined_items(&[&items, &items]);
+        let _ = expand_chain(data, items.as_bytes());
+    }
+    let _ = expand_chain(data, data);
 }
 
 /// Anthropic Messages: parse and render.
@@ -169,6 +187,7 @@ pub fn usage_tap(data: &[u8]) {
         Some(n) if n % 2 == 0 => "application/json",
         _ => "text/event-stream",
     };
+    let _ = response_output(body);
     let whole = tap(content_type, body, &[body.len().max(1)]);
     let split = tap(content_type, body, &sizes);
     assert_eq!(split, whole, "the same usage however the body is split");
@@ -209,6 +228,10 @@ pub fn error_readers(data: &[u8]) {
     }
     let _ = rejects_field(data, "context_management");
     let _ = MessagesContext.refuses(http::StatusCode::BAD_REQUEST, data);
+    for name in [&b"message_start"[..], b"message_delta", b"error"] {
+        let event = foldgate::http::sse::Event { name: Some(name), data: data.into() };
+        let _ = Messages.overflow().stream_event(&event);
+    }
 }
 
 /// The session key: the input's first line is headers (`name: value` separated by
@@ -423,6 +446,8 @@ pub fn event_stream(data: &[u8]) {
 /// applied: any body is refused or edited into JSON whose thinking blocks are ones the
 /// client sent, unchanged, with every tool use still present.
 pub fn anthropic_edits(data: &[u8]) {
+    let _ = anthropic_edits::parse_summarize(data);
+    let _ = anthropic_edits::without_summarize(data);
     let _ =
         without_context_management(data).map(|b| assert!(is_json(&b), "JSON without the field"));
     let Ok(Some(config)) = anthropic_edits::parse(data) else { return };
