@@ -369,3 +369,36 @@ async fn a_frame_past_the_body_limit_closes_the_socket_with_1009() {
     assert_eq!(closed.map(|f| f.code), Some(CloseCode::Size));
     assert!(seen.lock().unwrap().prompts.is_empty(), "nothing reached the upstream");
 }
+
+#[tokio::test]
+async fn idle_sockets_close_and_past_the_limit_an_upgrade_gets_503() {
+    use futures_util::StreamExt;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mock = MockUpstream::start(chaining_upstream(seen)).await;
+    let mut config = chain_config(&mock.url());
+    config.responses.websocket_idle_timeout = std::time::Duration::from_millis(300);
+    config.responses.websocket_max_connections = 1;
+    let proxy = Proxy::start(config).await;
+    let url = format!("ws://{}/v1/responses", proxy.addr);
+    let (mut first, _) = tokio_tungstenite::connect_async(url.as_str()).await.unwrap();
+    // The one connection allowed is held: another upgrade is refused with 503.
+    match tokio_tungstenite::connect_async(url.as_str()).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 503);
+        }
+        other => panic!("a second connection past the limit: {other:?}"),
+    }
+    // Idle past the timeout, the first is closed; its place is free again.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(Ok(message)) = first.next().await {
+            if message.is_close() {
+                return true;
+            }
+        }
+        true
+    })
+    .await;
+    assert_eq!(ended, Ok(true), "the idle connection closed");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(tokio_tungstenite::connect_async(url.as_str()).await.is_ok(), "room again");
+}
