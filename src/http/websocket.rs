@@ -237,7 +237,10 @@ where
         // `generate: false`: nothing is sampled; the upstream is not asked.
         let (events, id) = warm_up(&request.body);
         chain.keep(id, request.items);
-        for event in events {
+        for mut event in events {
+            if let (Some(lane), Some(map)) = (&request.lane, event.as_object_mut()) {
+                map.insert("stream_id".to_owned(), lane.clone());
+            }
             send(socket, &event).await?;
         }
         return Ok(());
@@ -268,7 +271,7 @@ where
         Ok(response) => response,
         Err(error) => return send(socket, &error_event(error.status(), &error.body())).await,
     };
-    relay(response, request.items, chain, socket).await
+    relay(response, (request.items, request.lane), chain, socket).await
 }
 
 /// A `response.create` frame as a request: its body (the whole conversation, streamed),
@@ -282,6 +285,8 @@ struct FrameRequest {
     as_received: Bytes,
     /// The response it continues.
     previous: Option<String>,
+    /// Its `stream_id` (the socket's lane), which every event answering it carries.
+    lane: Option<Value>,
 }
 
 /// Reads a client frame; an `error` event for one foldgate cannot serve.
@@ -302,6 +307,8 @@ fn create_request(chain: &Chain, text: &str) -> Result<FrameRequest, Value> {
     // As the client sent it (only `type` taken off): what the upstream's socket gets
     // when it holds the response named and the frame is not compacted.
     let as_received = Bytes::from(Value::Object(frame.clone()).to_string());
+    // The socket's lane: not a field of a POST; the events answering the frame carry it.
+    let lane = frame.remove("stream_id");
     frame.remove("generate");
     let own = frame.get("input").map(Value::to_string);
     let own = own.and_then(|raw| input_items(format!(r#"{{"input":{raw}}}"#).as_bytes()));
@@ -326,7 +333,7 @@ fn create_request(chain: &Chain, text: &str) -> Result<FrameRequest, Value> {
     let items = without_trigger(items);
     frame.insert("stream".to_owned(), Value::Bool(true));
     let body = Bytes::from(Value::Object(frame).to_string());
-    Ok(FrameRequest { body, items, warm_up, as_received, previous })
+    Ok(FrameRequest { body, items, warm_up, as_received, previous, lane })
 }
 
 /// The events of a warm-up's empty response, and its id.
@@ -348,7 +355,7 @@ fn warm_up(body: &[u8]) -> (Vec<Value>, String) {
 /// as one `error` event. The conversation up to a completed response is kept.
 async fn relay<S>(
     response: Response<ProxyBody>,
-    items: String,
+    (items, lane): (String, Option<Value>),
     chain: &mut Chain,
     socket: &mut WebSocketStream<S>,
 ) -> Result<(), tokio_tungstenite::tungstenite::Error>
@@ -368,7 +375,11 @@ where
         let error: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
             json!({"error": {"type": "server_error", "message": String::from_utf8_lossy(&bytes)}})
         });
-        return send(socket, &error_event(status, &error)).await;
+        let mut event = error_event(status, &error);
+        if let (Some(lane), Some(map)) = (&lane, event.as_object_mut()) {
+            map.insert("stream_id".to_owned(), lane.clone());
+        }
+        return send(socket, &event).await;
     }
     let (mut stream, mut reader) = (Vec::new(), Events::default());
     while let Some(frame) = body.frame().await {
@@ -393,11 +404,26 @@ where
                     }
                 }
             }
-            let text = String::from_utf8_lossy(&event.data).into_owned();
+            let text = match &lane {
+                // The lane the frame named, on each event that does not carry it.
+                Some(lane) => with_lane(&event.data, lane),
+                None => String::from_utf8_lossy(&event.data).into_owned(),
+            };
             socket.send(Message::text(text)).await?;
         }
     }
     Ok(())
+}
+
+/// An event's data with `stream_id` set to `lane` when it carries none.
+fn with_lane(data: &[u8], lane: &Value) -> String {
+    match serde_json::from_slice::<Map<String, Value>>(data) {
+        Ok(mut event) => {
+            event.entry("stream_id").or_insert_with(|| lane.clone());
+            Value::Object(event).to_string()
+        }
+        Err(_) => String::from_utf8_lossy(data).into_owned(),
+    }
 }
 
 /// Keeps the conversation up to a completed `response` (its id and output).

@@ -17,7 +17,8 @@ def main() -> int:
     steps, url = int(sys.argv[1]), sys.argv[2]
     client = openai.OpenAI(base_url=url, api_key="sk-ws-test", max_retries=0)
     model = "gpt-4.1"
-    common = {"model": model, "instructions": "You are a careful coding agent.", "store": False}
+    common = {"model": model, "instructions": "You are a careful coding agent.", "store": False,
+              "stream_id": "lane-1"}
     with client.responses.connect(extra_headers={"x-session-id": "ws-check"}) as connection:
 
         def exchange(frame):
@@ -25,7 +26,7 @@ def main() -> int:
             types = []
             while True:
                 event = json.loads(connection.recv_bytes())
-                types.append(event["type"])
+                types.append(event["type"] if event.get("stream_id") == "lane-1" else "no lane")
                 if event["type"] in ("response.completed", "response.failed", "error"):
                     return event, types
 
