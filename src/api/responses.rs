@@ -544,12 +544,32 @@ pub fn previous_response(body: &[u8]) -> Option<String> {
 pub fn input_items(body: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(body).ok()?;
     let object = super::json_text::Object::parse(text)?;
-    let raw = object.value(text, "input")?.trim();
+    input_as_items(object.value(text, "input")?)
+}
+
+/// An `input` value (its JSON text) as a JSON array text of items: a list as it is, a
+/// string as a user message; `None` for anything else.
+pub fn input_as_items(raw: &str) -> Option<String> {
+    let raw = raw.trim();
     match raw.as_bytes().first()? {
         b'[' => Some(raw.to_owned()),
         b'"' => Some(format!(r#"[{{"type":"message","role":"user","content":{raw}}}]"#)),
         _ => None,
     }
+}
+
+/// The items a chain keeps for `body` (its input, a string input as a user message, no
+/// trailing `compaction_trigger`), read in one pass; `None` when it has no input, or it
+/// asks the provider not to store the answer (`"store": false`) and continues nothing
+/// (`continued` false): such an answer is not continued by id.
+pub fn chain_input(body: &[u8], continued: bool) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let object = super::json_text::Object::parse(text)?;
+    let unstored = object.value(text, "store").is_some_and(|v| v.trim() == "false");
+    if unstored && !continued {
+        return None;
+    }
+    input_as_items(object.value(text, "input")?).map(without_trigger)
 }
 
 /// `items` (a JSON array text) without a `compaction_trigger` item at its end: what a

@@ -42,6 +42,12 @@ impl ReceivedBody {
         self.content.as_ref()
     }
 
+    /// What foldgate reads: the content when it can read it, else the bytes as
+    /// received.
+    pub fn readable(&self) -> &Bytes {
+        self.content.as_ref().unwrap_or(&self.raw)
+    }
+
     /// The bytes as received.
     pub fn raw(&self) -> &Bytes {
         &self.raw

@@ -47,7 +47,7 @@ use super::sse::Events;
 use super::trace::in_span;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
-use crate::api::responses::{input_items, joined_items, without_trigger};
+use crate::api::responses::{input_as_items, joined_items, without_trigger};
 use crate::metrics::Metrics;
 
 /// How many responses of one connection stay continuable (the latest ones).
@@ -310,8 +310,7 @@ fn create_request(chain: &Chain, text: &str) -> Result<FrameRequest, Value> {
     // The socket's lane: not a field of a POST; the events answering the frame carry it.
     let lane = frame.remove("stream_id");
     frame.remove("generate");
-    let own = frame.get("input").map(Value::to_string);
-    let own = own.and_then(|raw| input_items(format!(r#"{{"input":{raw}}}"#).as_bytes()));
+    let own = frame.get("input").and_then(|input| input_as_items(&input.to_string()));
     let own = own.unwrap_or_else(|| "[]".to_owned());
     let previous = frame.get("previous_response_id").and_then(Value::as_str).map(str::to_owned);
     let items = match frame.remove("previous_response_id") {

@@ -140,14 +140,7 @@ impl Dialect for Responses {
     /// store the answer (`"store": false`) and continues nothing: such an answer is not
     /// continued by id.
     fn chain_items(&self, body: &[u8], continued: bool) -> Option<String> {
-        let unstored = memchr::memmem::find(body, b"\"store\"").is_some() && {
-            let fields = Outline::scan_fields(body);
-            fields.is_some_and(|f| f.field("store").is_some_and(|v| v.trim_ascii() == b"false"))
-        };
-        if unstored && !continued {
-            return None;
-        }
-        api::responses::input_items(body).map(api::responses::without_trigger)
+        api::responses::chain_input(body, continued)
     }
 
     fn server_state(&self, origins: &Origins) -> bool {

@@ -133,13 +133,10 @@ impl<D: Dialect> Exchange<'_, D> {
                 tracing::info!(model = %self.model_key, window, "context window learned from an overflow error");
             }
         }
-        if self.parsed.is_none() {
-            self.parsed = Some(parse(dialect, &self.prepared.body)?);
-        }
-        let (request, origins) = self.parsed.as_ref()?;
-        if dialect.server_state(origins) {
+        if !self.parsed_here() {
             return None;
         }
+        let (request, origins) = self.parsed.as_ref()?;
         let token_ratio = self.token_ratio(&self.record.decided.as_ref()?.model_name);
         let decided = self.record.decided.as_mut()?;
         let overflow = Overflow { stated, planned: decided.decision.report.as_ref(), token_ratio };
@@ -169,13 +166,10 @@ impl<D: Dialect> Exchange<'_, D> {
         instructions: Option<String>,
     ) -> Option<WholeFold> {
         let (dialect, routes) = (self.place.dialect, self.place.routes);
-        if self.parsed.is_none() {
-            self.parsed = Some(parse(dialect, &self.prepared.body)?);
-        }
-        let (request, origins) = self.parsed.as_ref()?;
-        if dialect.server_state(origins) {
+        if !self.parsed_here() {
             return None;
         }
+        let (request, _) = self.parsed.as_ref()?;
         let token_ratio = self.token_ratio(&self.record.decided.as_ref()?.model_name);
         let decided = self.record.decided.as_mut()?;
         let options = Options {
@@ -197,6 +191,16 @@ impl<D: Dialect> Exchange<'_, D> {
                 None
             }
         }
+    }
+
+    /// Parses the prepared body if it is not yet; true when it is a request of the
+    /// dialect whose conversation foldgate holds (not one the provider keeps).
+    fn parsed_here(&mut self) -> bool {
+        let dialect = self.place.dialect;
+        if self.parsed.is_none() {
+            self.parsed = parse(dialect, &self.prepared.body);
+        }
+        self.parsed.as_ref().is_some_and(|(_, origins)| !dialect.server_state(origins))
     }
 
     /// For a dialect whose provider counts tokens with an encoder the engine does not

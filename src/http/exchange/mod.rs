@@ -216,7 +216,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         received: ReceivedBody,
         record: Record,
     ) -> Box<Self> {
-        let prepared = Prepared::unchanged(received.content().unwrap_or(received.raw()));
+        let prepared = Prepared::unchanged(received.readable());
         let headers = HeaderMap::new();
         Box::new(Self {
             place,
@@ -300,7 +300,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let Place { routes, dialect, upstream, .. } = self.place;
         let apis = &routes.compaction_apis;
         let conversations = &routes.conversations;
-        let original = self.received.content().unwrap_or(self.received.raw());
+        let original = self.received.readable();
         let serves = |api| apis.foldgate_serves(api, conversations, upstream.name());
         dialect.compaction().is_some_and(|family| serves(family.api_for(original)))
     }
@@ -311,7 +311,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// then served here and the exchange goes back to this phase).
     fn prepare(&mut self, serve: bool) -> Result<bool, ProxyError> {
         let Place { routes, dialect, .. } = self.place;
-        let original = self.received.content().unwrap_or(self.received.raw());
+        let original = self.received.readable();
         let apis = &routes.compaction_apis;
         let Some(family) = dialect.compaction() else {
             self.prepared = Prepared::unchanged(original);
@@ -413,7 +413,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     async fn learn_refused(&mut self) {
         let Place { routes, dialect, upstream, .. } = self.place;
         if let Some(family) = dialect.compaction() {
-            let original = self.received.content().unwrap_or(self.received.raw());
+            let original = self.received.readable();
             routes.conversations.learn_unserved(family.api_for(original), upstream.name()).await;
         }
         self.record.provider_api = None;
