@@ -6,6 +6,11 @@
 #
 #   scripts/replay-identity.sh BASE_REV [TRACES.jsonl]
 #
+# Each conversation is replayed as chat completions, and (APIS, default "chat responses
+# messages") as Responses and Anthropic Messages bodies: the traces rewritten in those
+# shapes by `tests/compaction_trail.rs`, which writes them to target/tmp/trail-*.jsonl
+# (run first when they are missing).
+#
 # BASE_REV must already report `forwarded_sha256`. WINDOWS (default "16000 32000") sets
 # the windows. Both builds use the release profile without LTO (same code, faster to
 # build), each in its own target directory under target/replay-identity/.
@@ -40,22 +45,38 @@ for c in run["conversations"]:
 print("total", run["total"]["forwarded_sha256"])'
 }
 
+apis=${APIS:-"chat responses messages"}
+records() {
+    case "$1" in
+        chat) echo "$traces" ;;
+        responses) echo target/tmp/trail-Responses.jsonl ;;
+        messages) echo target/tmp/trail-Messages.jsonl ;;
+    esac
+}
+for api in $apis; do
+    if [ "$api" != chat ] && [ ! -s "$(records "$api")" ]; then
+        cargo test --quiet --test compaction_trail >/dev/null
+    fi
+done
+
 status=0
-for w in $windows; do
-    for side in base head; do
-        "$out/$side/release/foldgate" replay --json --window "$w" "$traces" \
-            | hashes >"$out/$side-$w.txt" || true
-        if [ ! -s "$out/$side-$w.txt" ]; then
-            echo "replay at $side (window $w) gave no hashes" >&2
-            exit 2
+for api in $apis; do
+    for w in $windows; do
+        for side in base head; do
+            "$out/$side/release/foldgate" replay --json --api "$api" --window "$w" "$(records "$api")" \
+                | hashes >"$out/$side-$api-$w.txt" || true
+            if [ ! -s "$out/$side-$api-$w.txt" ]; then
+                echo "replay at $side ($api, window $w) gave no hashes" >&2
+                exit 2
+            fi
+        done
+        if diff -q "$out/base-$api-$w.txt" "$out/head-$api-$w.txt" >/dev/null; then
+            echo "$api, window $w: $(($(wc -l <"$out/head-$api-$w.txt") - 1)) conversations forward identical bodies ($(tail -1 "$out/head-$api-$w.txt"))"
+        else
+            echo "$api, window $w: forwarded bodies differ:"
+            diff "$out/base-$api-$w.txt" "$out/head-$api-$w.txt" | grep '^>' | head -20
+            status=1
         fi
     done
-    if diff -q "$out/base-$w.txt" "$out/head-$w.txt" >/dev/null; then
-        echo "window $w: $(($(wc -l <"$out/head-$w.txt") - 1)) conversations forward identical bodies ($(tail -1 "$out/head-$w.txt"))"
-    else
-        echo "window $w: forwarded bodies differ:"
-        diff "$out/base-$w.txt" "$out/head-$w.txt" | grep '^>' | head -20
-        status=1
-    fi
 done
 exit $status

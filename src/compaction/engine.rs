@@ -207,8 +207,8 @@ impl Engine {
 
     /// Summarizes the next fold outside the request path and keeps it as
     /// `state.pending`, leaving the forwarded request unchanged; the first request that
-    /// needs it applies it. [`Ahead::Prefetch`]: past `prefetch_ratio`, so that the
-    /// request that crosses the trigger finds its digest ready. [`Ahead::Due`]: the fold
+    /// needs it applies it. `Ahead::Prefetch`: past `prefetch_ratio`, so that the
+    /// request that crosses the trigger finds its digest ready. `Ahead::Due`: the fold
     /// a request postponed because it still fitted (see [`Options::postpone_folds`]).
     /// `request`'s own options (window cap, token ratio, model) plan it as they planned
     /// the request. Returns whether a pending block was made.

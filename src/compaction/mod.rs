@@ -8,21 +8,21 @@
 //!
 //! [`Summarizer`]: crate::summarizer::Summarizer
 
-pub mod blocks;
-pub mod budget;
-pub mod changes;
+mod blocks;
+mod budget;
+mod changes;
 pub mod check;
-pub mod engine;
-pub mod fold;
+pub(crate) mod engine;
+mod fold;
 mod forward;
-pub mod keep;
+mod keep;
 mod pass;
-pub mod plan;
-pub mod report;
+mod plan;
+mod report;
 pub mod tokens;
-pub mod trail;
-pub mod units;
-pub mod whole;
+pub(crate) mod trail;
+mod units;
+mod whole;
 
 pub use blocks::{FoldBlock, SessionState};
 pub use budget::{Budget, Options, TokenRatio};

@@ -22,7 +22,7 @@ pub struct Report {
     /// Prompt tokens of the forwarded request.
     pub tokens_after: usize,
     /// Highest tier applied: the deepest of the folds made and of the changes forwarded
-    /// (see [`super::changes`]).
+    /// (see `super::changes`).
     pub tier: Tier,
     /// The call was forced (below the trigger).
     pub forced: bool,
@@ -78,7 +78,7 @@ pub struct Report {
     /// client added since): what the provider writes to its cache again.
     pub rewritten_tokens: usize,
     /// Every change made to the original messages, in their order (see
-    /// [`super::changes`]).
+    /// `super::changes`).
     pub changes: Vec<Change>,
 }
 

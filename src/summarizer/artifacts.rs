@@ -1,5 +1,5 @@
 //! Error lines: how a tool result or command output says that something failed. The
-//! extractive digest and the work trail ([`crate::compaction::trail`]) read results with
+//! extractive digest and the work trail (`crate::compaction::trail`) read results with
 //! it.
 
 const ERROR_CUES: &[&str] = &[

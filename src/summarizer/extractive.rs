@@ -4,7 +4,7 @@
 //! each result, shell commands of text-mode agents), what failed, what the user asked
 //! for and what I (the assistant) concluded, in the digest sections of DESIGN.md; the
 //! engine adds the "Key artifacts" section from the work trail
-//! ([`crate::compaction::trail`]). Every section has a share of a character budget derived from
+//! (`crate::compaction::trail`). Every section has a share of a character budget derived from
 //! the token cap, so the digest is bounded whatever the input.
 
 use std::sync::Arc;
