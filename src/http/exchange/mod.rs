@@ -46,7 +46,7 @@ use super::inspect::{EdgeFacts, Inspector};
 use super::overflow;
 use super::passthrough::{self, build_request, client_response};
 use super::provider_compaction::answer;
-use super::provider_compaction::on_request::{self, Addition};
+use super::provider_compaction::on_request::Addition;
 use super::provider_compaction::{CompactionApis, CompactionFamily, FoldFacts, Prepared};
 use super::record::{AnswerEnds, Operation, Record, team_of};
 use super::request_body::{self, ReceivedBody};
@@ -353,7 +353,8 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// it is due; what to add to the answer, or foldgate's whole answer.
     async fn serve_provider_api(&mut self) -> Result<Option<Addition>, ProxyError> {
         let Some(served) = self.prepared.served.clone() else { return Ok(None) };
-        let fold = match served.fold_asked() {
+        let Some(family) = self.place.dialect.compaction() else { return Ok(None) };
+        let fold = match family.fold_asked(&served) {
             Some(ask) => self.fold_whole(ask.when, ask.instructions).await,
             None => None,
         };
@@ -364,7 +365,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         };
         let apis = &self.place.routes.compaction_apis;
         let served =
-            on_request::conclude(served, fold, &facts, apis).map_err(ProxyError::InvalidRequest)?;
+            family.conclude(served, fold, &facts, apis).map_err(ProxyError::InvalidRequest)?;
         self.record.notes.extend(served.notes);
         if let Some(api) = served.api {
             self.record.provider_api = Some((api, true));

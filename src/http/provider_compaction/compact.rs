@@ -14,9 +14,11 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{CompactionApis, CompactionFamily, Prepared, Served};
+use super::on_request::{Addition, Concluded};
+use super::{CompactionApis, CompactionFamily, FoldAsk, FoldFacts, Prepared, Served};
 use crate::api::compaction_item::{self, Sealed, open_items};
 use crate::api::{ListWriter, Origins};
+use crate::conversation::FoldWhen;
 use crate::conversation::WholeFold;
 use crate::model::DIGEST_MARKER;
 use crate::vocab::CompactionApi;
@@ -26,6 +28,28 @@ use crate::vocab::CompactionApi;
 pub struct CompactEndpoint;
 
 impl CompactionFamily for CompactEndpoint {
+    /// The whole conversation, always.
+    fn fold_asked(&self, served: &Served) -> Option<FoldAsk> {
+        matches!(served, Served::ResponsesCompact)
+            .then_some(FoldAsk { when: FoldWhen::Always, instructions: None })
+    }
+
+    /// The `response.compaction` object (see [`answer`]).
+    fn conclude(
+        &self,
+        served: Served,
+        fold: Option<WholeFold>,
+        request: &FoldFacts<'_>,
+        apis: &CompactionApis,
+    ) -> Result<Concluded, String> {
+        if !matches!(served, Served::ResponsesCompact) {
+            return Ok(Concluded::default());
+        }
+        let body = answer(&apis.sealer, request.body, fold.as_ref())?;
+        let addition = Some(Addition::Answer { body, events: false });
+        Ok(Concluded { addition, api: Some(CompactionApi::ResponsesCompact), notes: Vec::new() })
+    }
+
     fn api(&self) -> CompactionApi {
         CompactionApi::ResponsesCompact
     }

@@ -10,9 +10,13 @@
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use super::{CompactionApis, CompactionFamily, Prepared, Served, rejects_field};
+use super::on_request::{self, Concluded};
+use super::{
+    CompactionApis, CompactionFamily, FoldAsk, FoldFacts, Prepared, Served, rejects_field,
+};
 use crate::api::anthropic_edits;
 use crate::conversation::Encoding;
+use crate::conversation::{FoldWhen, WholeFold};
 use crate::vocab::CompactionApi;
 
 const ANTHROPIC_BETA: &str = "anthropic-beta";
@@ -32,6 +36,40 @@ fn names_field(body: &[u8], quoted: &[u8]) -> bool {
 }
 
 impl CompactionFamily for MessagesContext {
+    /// A `compact_20260112` edit past its trigger, with its instructions; on-demand
+    /// compaction always, with the client's.
+    fn fold_asked(&self, served: &Served) -> Option<FoldAsk> {
+        match served {
+            Served::MessagesEdits { edits, .. } => {
+                let compact = edits.compact()?;
+                let trigger = usize::try_from(compact.trigger).unwrap_or(usize::MAX);
+                let when = FoldWhen::AtTokens(trigger.saturating_add(1));
+                Some(FoldAsk { when, instructions: compact.instructions.clone() })
+            }
+            Served::MessagesSummarize(summarize) => Some(FoldAsk {
+                when: FoldWhen::Always,
+                instructions: summarize.instructions.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn conclude(
+        &self,
+        served: Served,
+        fold: Option<WholeFold>,
+        request: &FoldFacts<'_>,
+        _: &CompactionApis,
+    ) -> Result<Concluded, String> {
+        Ok(match served {
+            Served::MessagesEdits { edits, applied } => {
+                on_request::edits_answer(&edits, &applied, fold, request)
+            }
+            Served::MessagesSummarize(_) => on_request::summary_answer(fold, request),
+            _ => Concluded::default(),
+        })
+    }
+
     fn api(&self) -> CompactionApi {
         CompactionApi::MessagesContextManagement
     }

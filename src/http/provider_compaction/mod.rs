@@ -10,8 +10,8 @@
 //! body prepared (foldgate's own compaction items opened, the fields foldgate serves
 //! taken out; [`CompactionFamily::prepare`]), an upstream's refusal of fields left for it
 //! recognised ([`CompactionFamily::refuses`]), the fold the request asks for made
-//! ([`Served::fold_asked`]), and the answer written or rewritten
-//! ([`on_request::conclude`], [`answer`]).
+//! ([`CompactionFamily::fold_asked`]), and the answer written or rewritten
+//! ([`CompactionFamily::conclude`], with [`on_request`] and [`answer`]).
 
 pub mod answer;
 mod apis;
@@ -30,8 +30,9 @@ pub use responses_context::ResponsesContext;
 
 use crate::api::anthropic_edits::{AppliedEdit, ContextManagement, Summarize};
 use crate::api::compaction_item::ContextCompaction;
-use crate::conversation::FoldWhen;
+use crate::conversation::{FoldWhen, WholeFold};
 use crate::vocab::CompactionApi;
+use on_request::Concluded;
 
 /// One of the providers' compaction APIs, as the exchange serves it.
 pub trait CompactionFamily: Send + Sync + 'static {
@@ -65,6 +66,20 @@ pub trait CompactionFamily: Send + Sync + 'static {
         rejects_field(error_body, "context_management")
     }
 
+    /// The whole fold `served` (a compaction of this family) asks for, if any.
+    fn fold_asked(&self, served: &Served) -> Option<FoldAsk>;
+
+    /// Writes what `served` (a compaction of this family) adds to the answer, given the
+    /// whole `fold` it asked for (`None`: not folded), or foldgate's whole answer; an
+    /// error (a 400) says why foldgate cannot answer the request itself.
+    fn conclude(
+        &self,
+        served: Served,
+        fold: Option<WholeFold>,
+        request: &FoldFacts<'_>,
+        apis: &CompactionApis,
+    ) -> Result<Concluded, String>;
+
     /// True for an API foldgate answers from the whole conversation when it serves it
     /// (`/v1/responses/compact`): its requests are never compacted by the engine, never
     /// retried after an overflow, and recorded as compactions.
@@ -84,6 +99,20 @@ impl CompactionFamily for NoCompactionApi {
     }
 
     fn prepare(&self, _: &Bytes, _: &CompactionApis, _: bool) -> Result<Prepared, String> {
+        match *self {}
+    }
+
+    fn fold_asked(&self, _: &Served) -> Option<FoldAsk> {
+        match *self {}
+    }
+
+    fn conclude(
+        &self,
+        _: Served,
+        _: Option<WholeFold>,
+        _: &FoldFacts<'_>,
+        _: &CompactionApis,
+    ) -> Result<Concluded, String> {
         match *self {}
     }
 }
@@ -147,25 +176,6 @@ pub struct FoldAsk {
 }
 
 impl Served {
-    /// The whole fold this compaction asks for, if any.
-    pub fn fold_asked(&self) -> Option<FoldAsk> {
-        let (when, instructions) = match self {
-            Self::ResponsesCompaction(compaction) => {
-                (compaction.threshold.map_or(FoldWhen::AtTrigger, FoldWhen::AtTokens), None)
-            }
-            Self::MessagesEdits { edits, .. } => {
-                let compact = edits.compact()?;
-                let trigger = usize::try_from(compact.trigger).unwrap_or(usize::MAX);
-                (FoldWhen::AtTokens(trigger.saturating_add(1)), compact.instructions.clone())
-            }
-            Self::ResponsesCompact | Self::ResponsesTrigger => (FoldWhen::Always, None),
-            Self::MessagesSummarize(summarize) => {
-                (FoldWhen::Always, summarize.instructions.clone())
-            }
-        };
-        Some(FoldAsk { when, instructions })
-    }
-
     /// True when foldgate answers the request itself (the upstream is never asked), so
     /// a body it cannot read is refused rather than forwarded.
     pub fn answered_here(&self) -> bool {

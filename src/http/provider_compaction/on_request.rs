@@ -2,7 +2,7 @@
 //! upstream's answer, or foldgate's own answer in its place.
 
 use super::answer::{AnswerKind, Rewrite, WholeJson};
-use super::{CompactionApis, FoldFacts, Served};
+use super::{CompactionApis, FoldFacts};
 use crate::api::anthropic_edits::{
     AnswerEdits, AppliedEdit, CompactionAnswer, CompactionInjector, ContextManagement,
     decorate_message, paused_message, paused_stream, summary_message, summary_stream,
@@ -57,6 +57,7 @@ impl Addition {
 }
 
 /// What serving a provider compaction came to.
+#[derive(Default)]
 pub struct Concluded {
     /// What to add to the upstream's answer, or foldgate's whole answer.
     pub addition: Option<Addition>,
@@ -66,71 +67,72 @@ pub struct Concluded {
     pub notes: Vec<String>,
 }
 
-/// Writes what `served` adds to the answer, given the whole `fold` it asked for (`None`:
-/// not folded); an error (a 400) says why foldgate cannot answer the request itself.
-pub fn conclude(
-    served: Served,
+/// What a Responses `context_management` compaction adds: its `compaction` item first in
+/// `output`, when the request was folded.
+pub(super) fn responses_item(fold: Option<WholeFold>, apis: &CompactionApis) -> Concluded {
+    let addition = fold.map(|fold| {
+        let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
+        let content = apis.sealer.seal(&Sealed { digest: fold.digest });
+        Addition::ResponsesItem(compaction_item::item(&id, &content))
+    });
+    let api = addition.as_ref().map(|_| CompactionApi::ResponsesContextManagement);
+    Concluded { addition, api, notes: Vec::new() }
+}
+
+/// foldgate's answer to Codex's `compaction_trigger`: one sealed `compaction` item.
+pub(super) fn trigger_answer(
     fold: Option<WholeFold>,
     request: &FoldFacts<'_>,
     apis: &CompactionApis,
-) -> Result<Concluded, String> {
-    let concluded = match served {
-        Served::ResponsesCompaction(_) => {
-            let addition = fold.map(|fold| {
-                let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
-                let content = apis.sealer.seal(&Sealed { digest: fold.digest });
-                Addition::ResponsesItem(compaction_item::item(&id, &content))
-            });
-            let api = addition.as_ref().map(|_| CompactionApi::ResponsesContextManagement);
-            Concluded { addition, api, notes: Vec::new() }
-        }
-        Served::MessagesEdits { edits, applied } => {
-            let addition = messages_edits(&edits, &applied, fold, request);
-            let compacted = match &addition {
-                Addition::Messages(answer) => answer.compaction.is_some() || !applied.is_empty(),
-                _ => true,
-            };
-            let api = compacted.then_some(CompactionApi::MessagesContextManagement);
-            let notes = applied.iter().map(AppliedEdit::describe).collect();
-            Concluded { addition: Some(addition), api, notes }
-        }
-        Served::ResponsesTrigger => {
-            let digest = fold.as_ref().map(|f| f.digest.clone()).unwrap_or_default();
-            let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
-            let item = compaction_item::item(&id, &apis.sealer.seal(&Sealed { digest }));
-            let usage = fold
-                .as_ref()
-                .map_or((0, 0), |f| (f.report.tokens_before as u64, f.digest_tokens as u64));
-            let events = request.streams;
-            let body = compaction_answer(&item, request.model, usage, events);
-            let api = Some(CompactionApi::ResponsesCompact);
-            Concluded { addition: Some(Addition::Answer { body, events }), api, notes: Vec::new() }
-        }
-        Served::MessagesSummarize(_) => {
-            let summary = fold.as_ref().map_or("", |fold| {
-                fold.digest.strip_prefix(DIGEST_MARKER).unwrap_or(&fold.digest).trim_start()
-            });
-            let compaction = CompactionAnswer {
-                summary: summary.to_owned(),
-                input_tokens: fold.as_ref().map_or(0, |f| f.report.tokens_before as u64),
-                output_tokens: fold.as_ref().map_or(0, |f| f.digest_tokens as u64),
-            };
-            let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
-            let events = request.streams;
-            let body = match events {
-                true => summary_stream(&id, request.model, &compaction),
-                false => summary_message(&id, request.model, &compaction),
-            };
-            let api = Some(CompactionApi::MessagesContextManagement);
-            Concluded { addition: Some(Addition::Answer { body, events }), api, notes: Vec::new() }
-        }
-        Served::ResponsesCompact => {
-            let body = super::compact::answer(&apis.sealer, request.body, fold.as_ref())?;
-            let addition = Some(Addition::Answer { body, events: false });
-            Concluded { addition, api: Some(CompactionApi::ResponsesCompact), notes: Vec::new() }
-        }
+) -> Concluded {
+    let digest = fold.as_ref().map(|f| f.digest.clone()).unwrap_or_default();
+    let id = format!("cmp_{}", uuid::Uuid::new_v4().simple());
+    let item = compaction_item::item(&id, &apis.sealer.seal(&Sealed { digest }));
+    let usage =
+        fold.as_ref().map_or((0, 0), |f| (f.report.tokens_before as u64, f.digest_tokens as u64));
+    let events = request.streams;
+    let body = compaction_answer(&item, request.model, usage, events);
+    let api = Some(CompactionApi::ResponsesCompact);
+    Concluded { addition: Some(Addition::Answer { body, events }), api, notes: Vec::new() }
+}
+
+/// What Anthropic's `context_management.edits` add to the answer (the clearing edits
+/// `applied`, the `compact_20260112` edit made as `fold`), or foldgate's whole answer
+/// when it pauses after compaction.
+pub(super) fn edits_answer(
+    edits: &ContextManagement,
+    applied: &[AppliedEdit],
+    fold: Option<WholeFold>,
+    request: &FoldFacts<'_>,
+) -> Concluded {
+    let addition = messages_edits(edits, applied, fold, request);
+    let compacted = match &addition {
+        Addition::Messages(answer) => answer.compaction.is_some() || !applied.is_empty(),
+        _ => true,
     };
-    Ok(concluded)
+    let api = compacted.then_some(CompactionApi::MessagesContextManagement);
+    let notes = applied.iter().map(AppliedEdit::describe).collect();
+    Concluded { addition: Some(addition), api, notes }
+}
+
+/// foldgate's answer to Anthropic's on-demand compaction: the `compaction` block alone.
+pub(super) fn summary_answer(fold: Option<WholeFold>, request: &FoldFacts<'_>) -> Concluded {
+    let summary = fold.as_ref().map_or("", |fold| {
+        fold.digest.strip_prefix(DIGEST_MARKER).unwrap_or(&fold.digest).trim_start()
+    });
+    let compaction = CompactionAnswer {
+        summary: summary.to_owned(),
+        input_tokens: fold.as_ref().map_or(0, |f| f.report.tokens_before as u64),
+        output_tokens: fold.as_ref().map_or(0, |f| f.digest_tokens as u64),
+    };
+    let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+    let events = request.streams;
+    let body = match events {
+        true => summary_stream(&id, request.model, &compaction),
+        false => summary_message(&id, request.model, &compaction),
+    };
+    let api = Some(CompactionApi::MessagesContextManagement);
+    Concluded { addition: Some(Addition::Answer { body, events }), api, notes: Vec::new() }
 }
 
 /// The `compact_20260112` edit of `edits`, made as `fold` (when the request passed its

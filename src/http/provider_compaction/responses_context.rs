@@ -10,8 +10,12 @@ use bytes::Bytes;
 
 use http::StatusCode;
 
-use super::{CompactionApis, CompactionFamily, Prepared, Served, rejects_field};
+use super::on_request::{self, Concluded};
+use super::{
+    CompactionApis, CompactionFamily, FoldAsk, FoldFacts, Prepared, Served, rejects_field,
+};
 use crate::api::compaction_item::{open_items, take_context_management, take_trigger};
+use crate::conversation::{FoldWhen, WholeFold};
 use crate::vocab::CompactionApi;
 
 /// Responses `context_management` compaction.
@@ -19,6 +23,33 @@ use crate::vocab::CompactionApi;
 pub struct ResponsesContext;
 
 impl CompactionFamily for ResponsesContext {
+    /// Folded at its `compact_threshold` (foldgate's trigger without one); for the
+    /// trigger, always.
+    fn fold_asked(&self, served: &Served) -> Option<FoldAsk> {
+        let when = match served {
+            Served::ResponsesCompaction(compaction) => {
+                compaction.threshold.map_or(FoldWhen::AtTrigger, FoldWhen::AtTokens)
+            }
+            Served::ResponsesTrigger => FoldWhen::Always,
+            _ => return None,
+        };
+        Some(FoldAsk { when, instructions: None })
+    }
+
+    fn conclude(
+        &self,
+        served: Served,
+        fold: Option<WholeFold>,
+        request: &FoldFacts<'_>,
+        apis: &CompactionApis,
+    ) -> Result<Concluded, String> {
+        Ok(match served {
+            Served::ResponsesCompaction(_) => on_request::responses_item(fold, apis),
+            Served::ResponsesTrigger => on_request::trigger_answer(fold, request, apis),
+            _ => Concluded::default(),
+        })
+    }
+
     /// An unknown `context_management` field, or a client error naming the
     /// `compaction_trigger` item.
     fn refuses(&self, status: StatusCode, error_body: &[u8]) -> bool {
