@@ -10,28 +10,23 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use common::agent::chat_request;
-use common::{MockUpstream, Proxy, Recorded, response, send};
-use foldgate::commands::cost::{Charge, Meter, Prompt};
+use common::priced::{Pace, dev_traces, longest_sessions, send_priced};
+use common::{MockUpstream, Proxy, Recorded, response};
 use foldgate::commands::replay::{self, ReplayOptions, ReplayStats, replay_file};
-use foldgate::compaction::check::verify;
-use foldgate::compaction::{Budget, Engine, Options, TokenCache};
+use foldgate::compaction::{Engine, Options};
 use foldgate::config::SummarizerKind;
-use foldgate::model::{ChatRequest, Message, Role, is_observation};
+use foldgate::model::{Message, Role, is_observation};
 use foldgate::summarizer::Summarizer;
 use foldgate::summarizer::llm::LlmSummarizer;
 use serde_json::{Value, json};
 
 fn traces() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/dev.jsonl");
-    assert!(path.exists(), "{} is missing: clone shared/ beside the repository", path.display());
-    path
+    dev_traces()
 }
 
 const SENTENCE: &str =
@@ -192,69 +187,12 @@ async fn the_longest_dev_sessions_cost_less_through_the_proxy() {
     config.compaction.max_context_tokens = Some(16_000);
     let proxy = Proxy::start(config.clone()).await;
 
-    let text = std::fs::read_to_string(traces()).unwrap();
-    let mut sessions: Vec<Value> = text
-        .lines()
-        .map(|line| serde_json::from_str::<Value>(line).unwrap())
-        .filter(|r| matches!(r["meta"]["family"].as_str(), Some("mini-swe-agent" | "openhands")))
-        .collect();
-    sessions.sort_by_key(|r| std::cmp::Reverse(r["messages"].as_array().unwrap().len()));
-    let mut sample: Vec<Value> = Vec::new();
-    for family in ["mini-swe-agent", "openhands"] {
-        sample.extend(sessions.iter().filter(|r| r["meta"]["family"] == family).take(2).cloned());
-    }
-
-    let (mut forwarded_cost, mut whole_cost) = (Charge::default(), Charge::default());
-    let (mut requests, mut compacted, mut failures) = (0, 0, Vec::new());
-    let mut cache = TokenCache::default();
-    for (n, record) in sample.iter().enumerate() {
-        let messages = record["messages"].as_array().unwrap();
-        let (mut sent, mut whole) = (Meter::default(), Meter::default());
-        let seen = mock.recorded().len();
-        let mut originals = Vec::new();
-        for end in 1..messages.len() {
-            if messages[end]["role"] != "assistant" {
-                continue;
-            }
-            let body = json!({"model": record["model"], "messages": &messages[..end],
-                "max_tokens": 1000});
-            let body = Bytes::from(serde_json::to_vec(&body).unwrap());
-            let (status, headers, _) =
-                send(chat_request(&proxy, body.clone(), "Bearer sk-cost", &format!("s{n}"))).await;
-            assert_eq!(status, 200);
-            compacted += usize::from(headers["x-foldgate-outcome"] == "compacted");
-            originals.push(ChatRequest::parse(&body).unwrap());
-            // The agent's model takes its time to answer: background folds land.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        // The conversation's calls in the order they reached the provider.
-        let mut chats = 0;
-        for rec in &mock.recorded()[seen..] {
-            let request = ChatRequest::parse(&rec.body).unwrap();
-            let budget = Budget::of(&request, &config.compaction, &Options::default());
-            let prompt =
-                Prompt::of(request.messages(), request.tools_raw(), budget.encoding, &mut cache);
-            if rec.headers.contains_key("x-foldgate-summary") {
-                forwarded_cost.add(sent.side_call(&prompt));
-                continue;
-            }
-            let original = &originals[chats];
-            chats += 1;
-            forwarded_cost.add(sent.send(prompt).0);
-            let whole_prompt =
-                Prompt::of(original.messages(), original.tools_raw(), budget.encoding, &mut cache);
-            whole_cost.add(whole.send(whole_prompt).0);
-            let budget = Budget::of(original, &config.compaction, &Options::default());
-            for v in verify(original, &request, &config.compaction, &budget, &mut cache) {
-                failures
-                    .push(format!("{} request {chats}: ({}) {}", record["id"], v.check, v.detail));
-            }
-        }
-        assert_eq!(chats, originals.len(), "one forwarded request per request");
-        requests += chats;
-    }
-    let (cost, whole) = (forwarded_cost.price(0.1), whole_cost.price(0.1));
+    let sample = longest_sessions(&["mini-swe-agent", "openhands"], 2);
+    // The agent's model takes its time to answer: background folds land.
+    let pace = Pace { between: Duration::from_millis(20), after: Duration::from_millis(300) };
+    let priced = send_priced(&[&proxy], &mock, &sample, "Bearer sk-cost", pace, &config).await;
+    let (cost, whole) = (priced.cost(0.1), priced.cost_whole(0.1));
+    let (requests, compacted) = (priced.requests, priced.compacted);
     println!(
         "through the proxy, {} sessions, {requests} requests ({compacted} compacted), {} \
          summarizer calls: {cost:.0} against {whole:.0} sent whole ({:.3}x)",
@@ -262,6 +200,7 @@ async fn the_longest_dev_sessions_cost_less_through_the_proxy() {
         calls.load(Ordering::SeqCst),
         cost / whole
     );
+    let failures = &priced.violations;
     assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
     assert!(compacted * 2 > requests, "most requests were compacted: {compacted} of {requests}");
     assert!(calls.load(Ordering::SeqCst) > 0, "digests were written by the model");

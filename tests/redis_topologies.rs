@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::agent::{chat_config, chat_request};
+use common::priced::{Pace, Priced, longest_sessions, send_priced};
+use common::redis_server::RedisServer;
 use common::redis_sharing::*;
 use common::redis_topology::{MASTER, RedisCluster, RedisSentinel, cli};
 use common::*;
@@ -149,6 +151,54 @@ async fn two_replicas_on_a_redis_cluster_share_conversations_through_a_failover(
     let detail = format!("{admin}/{key}");
     let (_, _, detail) = send(http::Request::get(&detail).body(full("")).unwrap()).await;
     assert!(json(&detail)["requests"].as_u64().unwrap() >= 5, "recorded on its one node");
+}
+
+/// What two replicas on the deployment at `urls` (`mode`) cost for the longest dev
+/// sessions sent alternately to them at an agent's pace: the next request does not wait
+/// for the background folds of the last (the agent's model answers in about as long as a
+/// digest takes to write).
+async fn two_replicas_priced(
+    urls: &str,
+    mode: RedisMode,
+    sessions: &[serde_json::Value],
+) -> Priced {
+    let mock = MockUpstream::start(provider(Duration::from_millis(40))).await;
+    let config = replica_on(&mock.url(), urls, mode);
+    let a = Proxy::start(config.clone()).await;
+    let b = Proxy::start(config.clone()).await;
+    let pace = Pace { between: Duration::from_millis(50), after: Duration::from_millis(300) };
+    send_priced(&[&a, &b], &mock, sessions, CREDENTIAL, pace, &config).await
+}
+
+/// Two replicas on a Redis Cluster cost what two replicas on one Redis cost, for the same
+/// conversations in the same order without waiting for background folds: a request that
+/// needs the fold another replica is summarizing waits for it, as it would in one
+/// process, instead of cutting its prefix now and rewriting it again when the digest
+/// lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_a_redis_cluster_cost_what_two_on_one_redis_cost() {
+    let Some(cluster) = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap() else {
+        return;
+    };
+    let Some(one) = RedisServer::start() else { return };
+    let sessions = longest_sessions(&["mini-swe-agent", "openhands"], 2);
+    let single = two_replicas_priced(&one.url(), RedisMode::Standalone, &sessions).await;
+    let clustered = two_replicas_priced(&cluster.urls(), RedisMode::Cluster, &sessions).await;
+    let (on_one, on_cluster) = (single.cost(0.1), clustered.cost(0.1));
+    println!(
+        "one Redis: {on_one:.0} ({} rewrites, {} summarizer calls); cluster: {on_cluster:.0} \
+         ({} rewrites, {} summarizer calls); {:.4}x; sent whole {:.0}",
+        single.rewrites,
+        single.summarizer_calls,
+        clustered.rewrites,
+        clustered.summarizer_calls,
+        on_cluster / on_one,
+        single.cost_whole(0.1),
+    );
+    for run in [&single, &clustered] {
+        assert!(run.violations.is_empty(), "{}", run.violations.join("\n"));
+    }
+    assert!((on_cluster / on_one - 1.0).abs() <= 0.02, "{on_cluster:.0} against {on_one:.0}");
 }
 
 /// Failovers the replicas counted, together.

@@ -157,11 +157,26 @@ impl Drop for InFlight {
     }
 }
 
+/// How often a request waiting for another process's fold asks the store whether it
+/// still summarizes.
+const LEASE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl Inner {
-    /// Waits until the background fold of `key` (if any) ends, at most until `deadline`.
+    /// Waits until the fold of `key` being summarized ends, at most until `deadline`:
+    /// this process's background fold when one runs, else the one another process
+    /// summarizes under the conversation's lease (asked of the store every
+    /// [`LEASE_POLL`]; a store that fails ends the wait).
     pub(super) async fn await_background(&self, key: &SessionKey, deadline: Instant) {
-        let Some(mut running) = self.background.get(key).map(|r| r.clone()) else { return };
         let until = tokio::time::Instant::from_std(deadline);
-        let _ = tokio::time::timeout_at(until, running.wait_for(|done| *done)).await;
+        if let Some(mut running) = self.background.get(key).map(|r| r.clone()) {
+            let _ = tokio::time::timeout_at(until, running.wait_for(|done| *done)).await;
+            return;
+        }
+        if !self.store.is_shared() {
+            return;
+        }
+        while matches!(self.store.leased(key).await, Ok(true)) && Instant::now() < deadline {
+            tokio::time::sleep_until(until.min(tokio::time::Instant::now() + LEASE_POLL)).await;
+        }
     }
 }

@@ -20,6 +20,7 @@ pub struct Leased<'a> {
     ttl: Duration,
     lease: Mutex<Option<Lease>>,
     store_error: AtomicBool,
+    held_elsewhere: AtomicBool,
 }
 
 impl<'a> Leased<'a> {
@@ -37,12 +38,19 @@ impl<'a> Leased<'a> {
             ttl,
             lease: Mutex::new(None),
             store_error: AtomicBool::new(false),
+            held_elsewhere: AtomicBool::new(false),
         }
     }
 
     /// True when taking the lease failed because the store did (the call went ahead).
     pub fn store_error(&self) -> bool {
         self.store_error.load(Ordering::Relaxed)
+    }
+
+    /// True when a call was deferred because another process held the lease: it is
+    /// summarizing this conversation now.
+    pub fn held_elsewhere(&self) -> bool {
+        self.held_elsewhere.load(Ordering::Relaxed)
     }
 
     /// Gives the lease back, if it was taken.
@@ -79,7 +87,10 @@ impl Summarizer for Leased<'_> {
                         *held = Some(lease);
                     }
                 }
-                Ok(None) => return Err(SummarizerError::Deferred),
+                Ok(None) => {
+                    self.held_elsewhere.store(true, Ordering::Relaxed);
+                    return Err(SummarizerError::Deferred);
+                }
                 // Without the store nobody can coordinate: summarize, as one process would.
                 Err(e) => {
                     tracing::debug!(error = %e, "summarization lease unavailable");

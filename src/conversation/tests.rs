@@ -169,6 +169,10 @@ impl LeaseStore for SharedMemory {
         self.leases.lock().unwrap().remove(key);
         Ok(())
     }
+
+    async fn leased(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        Ok(self.leases.lock().unwrap().contains(key))
+    }
 }
 
 /// Counts its calls; answers a fixed digest.
@@ -192,31 +196,76 @@ impl Summarizer for Counting {
     }
 }
 
+fn conversations_waiting(
+    store: Arc<dyn SessionStore<SessionState>>,
+    wait: Duration,
+) -> Conversations {
+    let cfg = CompactionConfig {
+        max_context_tokens: Some(4000),
+        prefetch: false,
+        ..CompactionConfig::default()
+    };
+    Conversations::from_setup(Setup {
+        engine: Engine::new(cfg),
+        store,
+        mode: CompactionMode::Enforce,
+        sharing: Sharing { digest_wait: wait, ..Sharing::default() },
+        summarizers: Summarizers::Extractive,
+        metrics: None,
+        runtime: None,
+    })
+}
+
 #[tokio::test]
-async fn a_fold_another_process_is_summarizing_is_deferred_not_duplicated() {
+async fn a_fold_another_process_is_summarizing_is_awaited_not_duplicated_nor_cut() {
     let store = Arc::new(SharedMemory::new());
     let compactor = conversations(store.clone());
     let key = SessionKey::from_digest("k");
     let summarizer = Arc::new(Counting::default());
-    // Another replica holds the conversation's lease.
+    // Another replica holds the conversation's lease, and gives it back without having
+    // stored a fold (its call failed).
     let other = store.try_lease(&key, Duration::from_secs(1)).await.unwrap().unwrap();
+    let releasing = {
+        let store = store.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            store.release(&key, other).await.unwrap();
+        })
+    };
     let decision =
         compactor.compact_with(&key, &long_request(), summarizer.clone(), &inline()).await;
+    releasing.await.unwrap();
+    assert!(decision.fold_wait >= Duration::from_millis(100), "{:?}", decision.fold_wait);
     let report = decision.report.unwrap();
-    assert!(report.fold_deferred, "{report:?}");
-    assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 0, "no duplicate call");
-    assert!(report.tokens_after <= report.budget.budget, "still fits: {report:?}");
-    assert!(store.store().load(&key).await.unwrap().is_none_or(|l| l.state.blocks.is_empty()));
-    // Once the lease is free, the next request folds, once.
-    store.release(&key, other).await.unwrap();
-    let decision =
-        compactor.compact_with(&key, &long_request(), summarizer.clone(), &inline()).await;
-    assert!(!decision.report.unwrap().fold_deferred);
-    assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // As one process would: no cut now and rewrite later, but the fold, made once.
+    assert!(!report.fold_deferred, "{report:?}");
+    assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 1, "one call");
     let stored = store.store().load(&key).await.unwrap().unwrap();
     assert_eq!(stored.state.blocks.len(), 1);
     assert!(stored.state.token_cache.is_empty(), "token counts stay in the process");
     assert!(store.leases.lock().unwrap().is_empty(), "the lease was released");
+}
+
+#[tokio::test]
+async fn the_wait_for_another_process_s_fold_is_bounded_by_the_digest_wait() {
+    let store = Arc::new(SharedMemory::new());
+    let compactor = conversations_waiting(store.clone(), Duration::from_millis(200));
+    let key = SessionKey::from_digest("k");
+    let summarizer = Arc::new(Counting::default());
+    // The lease is never given back (its holder hangs).
+    let _other = store.try_lease(&key, Duration::from_secs(60)).await.unwrap().unwrap();
+    let started = std::time::Instant::now();
+    let decision =
+        compactor.compact_with(&key, &long_request(), summarizer.clone(), &inline()).await;
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    assert!(decision.fold_wait >= Duration::from_millis(150), "{:?}", decision.fold_wait);
+    // Past the wait, the extractive digest: no second model call for the range.
+    assert_eq!(summarizer.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let report = decision.report.unwrap();
+    assert_eq!(report.summarizer.as_deref(), Some("extractive"), "{report:?}");
+    assert!(report.tokens_after <= report.budget.budget, "fits: {report:?}");
 }
 
 #[tokio::test]

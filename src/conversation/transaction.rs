@@ -33,7 +33,8 @@ impl Inner {
     }
 
     /// One pass of the transaction (`busy`: a background fold of the conversation is
-    /// running; a fold it needs is then not made inline but reported as blocked).
+    /// running; a fold it needs is then not made inline but reported as blocked, as it
+    /// is when another process holds the conversation's summarization lease).
     pub(super) async fn transact(
         &self,
         key: &SessionKey,
@@ -52,7 +53,11 @@ impl Inner {
         let gate = Gate::new(leased_summarizer, busy, Some(deadline));
         let run = self.engine.compact_request(request, &mut state, &gate, options);
         let result = AssertUnwindSafe(run).catch_unwind().await;
-        let (fold_wait, blocked) = (gate.waited(), gate.blocked());
+        // A fold needed while it is being summarized, here or by another process: the
+        // request waits for it as one process would, instead of cutting its prefix now
+        // and rewriting it again when the digest lands.
+        let elsewhere = leased.as_ref().is_some_and(Leased::held_elsewhere);
+        let (fold_wait, blocked) = (gate.waited(), gate.blocked() || elsewhere);
         if let Some(counts) = &self.counts {
             counts.put(key, std::mem::take(&mut state.token_cache));
         }

@@ -144,6 +144,12 @@ pub trait LeaseStore: Send + Sync {
     async fn release(&self, _key: &SessionKey, _lease: Lease) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// True while someone holds the summarization lease of `key`. A store used by one
+    /// process only has no lease to hold: the default says none is.
+    async fn leased(&self, _key: &SessionKey) -> Result<bool, StoreError> {
+        Ok(false)
+    }
 }
 
 /// What is learned from providers, shared between the processes of a store: context

@@ -104,6 +104,10 @@ impl<S: Send + Sync + 'static> LeaseStore for Observed<S> {
     async fn release(&self, key: &SessionKey, lease: Lease) -> Result<(), StoreError> {
         self.observe(StoreOp::Release, self.inner.release(key, lease)).await
     }
+
+    async fn leased(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        self.observe(StoreOp::Lease, self.inner.leased(key)).await
+    }
 }
 
 #[async_trait]

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 pub mod agent;
 pub mod binary;
 pub mod messages_api;
+pub mod priced;
 pub mod redis_server;
 pub mod redis_sharing;
 pub mod redis_topology;

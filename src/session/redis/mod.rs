@@ -471,6 +471,14 @@ impl<S: StoredState + Send + Sync + 'static> LeaseStore for RedisStore<S> {
         let _: i64 = self.run(invocation.invoke_async(&mut conn)).await?;
         Ok(())
     }
+
+    async fn leased(&self, key: &SessionKey) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = ::redis::cmd("EXISTS");
+        cmd.arg(self.lease_key(key));
+        let held: u64 = self.run(cmd.query_async(&mut conn)).await?;
+        Ok(held > 0)
+    }
 }
 
 #[async_trait]
