@@ -8,7 +8,8 @@
 use std::sync::OnceLock;
 
 use crate::vocab::{
-    CompactionApi, ContentCoding, FailureReason, Outcome, StoreOp, SummarizerKind, Tier,
+    CompactionApi, ContentCoding, FailureReason, Outcome, RewriteReason, StoreOp, SummarizerKind,
+    Tier,
 };
 
 use prometheus::{
@@ -217,6 +218,18 @@ const PROMPT_TOKENS_REWRITTEN: Spec = Spec {
     name: "prompt_tokens_rewritten_total",
     help: "Prompt tokens forwarded from the first message where compaction made the prompt differ from the conversation as last forwarded: what the provider writes to its cache again (billed as cache writes where the provider bills them).",
     labels: &["route", "model"],
+};
+
+const PREFIX_REWRITES: Spec = Spec {
+    name: "prefix_rewrites_total",
+    help: "Requests whose forwarded prompt compaction made differ from the conversation as last forwarded, by why: fold, goal_batch, stub, cut, overflow (a retry after an overflow), history (stored folds or cut no longer matched the history sent).",
+    labels: &["reason"],
+};
+
+const PREFIX_REWRITE_COST: Spec = Spec {
+    name: "prefix_rewrite_cost_total",
+    help: "Estimated cost of those rewrites beyond reading the same tokens from the provider's cache, in token-equivalents (rewritten tokens x (1 - compaction.cached_price)), by why.",
+    labels: &["reason"],
 };
 
 const PROMPT_TOKENS_AFTER: Spec = Spec {
@@ -520,6 +533,10 @@ pub struct Metrics {
     response_chains: IntCounterVec,
     /// Prompt tokens compaction made the provider write to its cache again.
     pub prompt_tokens_rewritten: IntCounterVec,
+    /// Prefix rewrites by reason.
+    prefix_rewrites: IntCounterVec,
+    /// Their estimated cost by reason.
+    prefix_rewrite_cost: IntCounterVec,
     /// Token usage by team, when counted by team.
     pub team_tokens: IntCounterVec,
     teams: Option<Teams>,
@@ -652,6 +669,8 @@ impl Metrics {
             response_chains: r.counter(&RESPONSE_CHAINS)?,
             team_tokens: r.counter(&TEAM_TOKENS)?,
             prompt_tokens_rewritten: r.counter(&PROMPT_TOKENS_REWRITTEN)?,
+            prefix_rewrites: r.counter(&PREFIX_REWRITES)?,
+            prefix_rewrite_cost: r.counter(&PREFIX_REWRITE_COST)?,
             teams: None,
             registry,
             per_request: PerRequest::default(),
@@ -702,6 +721,10 @@ impl Metrics {
         }
         for result in ChainResult::ALL {
             self.response_chains.with_label_values(&[result.as_str()]);
+        }
+        for reason in RewriteReason::ALL {
+            self.prefix_rewrites.with_label_values(&[reason.as_str()]);
+            self.prefix_rewrite_cost.with_label_values(&[reason.as_str()]);
         }
         for api in CompactionApi::ALL {
             for served_by in ["upstream", "foldgate"] {
@@ -838,6 +861,13 @@ impl Metrics {
     /// [`Metrics::prompt_tokens_rewritten`]).
     pub fn prompt_rewritten(&self, route: Route, model: &str, tokens: u64) {
         self.prompt_tokens_rewritten.with_label_values(&[route.as_str(), model]).inc_by(tokens);
+    }
+
+    /// Counts one prefix rewrite for `reason` and its estimated `cost` (token-equivalents).
+    pub fn prefix_rewrite(&self, reason: RewriteReason, cost: f64) {
+        let label = [reason.as_str()];
+        self.prefix_rewrites.with_label_values(&label).inc();
+        self.prefix_rewrite_cost.with_label_values(&label).inc_by(cost.max(0.0).round() as u64);
     }
 
     /// Counts one compaction by highest tier applied and outcome.

@@ -185,6 +185,43 @@ pub enum ChangeKind {
     Dropped,
 }
 
+/// Why compaction made a request's prompt differ from the conversation as last
+/// forwarded (a prefix rewrite: the provider writes it to its cache again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewriteReason {
+    /// A new fold (a digest made now or written ahead).
+    Fold,
+    /// Old turns and digests batched into a goal history.
+    GoalBatch,
+    /// Tool output stubbed, nothing dropped.
+    Stub,
+    /// Messages dropped to fit.
+    Cut,
+    /// A retry after the provider reported an overflow.
+    Overflow,
+    /// The stored folds or cut no longer matched the history the client sent.
+    History,
+}
+
+impl RewriteReason {
+    /// Every reason, in a fixed order (for metric registration).
+    pub const ALL: [Self; 6] =
+        [Self::Fold, Self::GoalBatch, Self::Stub, Self::Cut, Self::Overflow, Self::History];
+
+    /// The label: `fold`, `goal_batch`, `stub`, `cut`, `overflow`, `history`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fold => "fold",
+            Self::GoalBatch => "goal_batch",
+            Self::Stub => "stub",
+            Self::Cut => "cut",
+            Self::Overflow => "overflow",
+            Self::History => "history",
+        }
+    }
+}
+
 /// Why a summarizer call failed: a small closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureReason {

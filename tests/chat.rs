@@ -438,7 +438,10 @@ async fn a_slow_prefetch_does_not_hold_up_the_conversations_next_request() {
         })
     }))
     .await;
-    let proxy = Proxy::start(chat_config(&mock.url())).await;
+    // Tool output never stubbed: the plan at the trigger folds, so a fold is prefetched.
+    let mut config = chat_config(&mock.url());
+    config.compaction.elide_min_tokens = 1_000_000;
+    let proxy = Proxy::start(config).await;
     let bodies = requests(&conversation(40, 4), &[]);
     for (i, body) in bodies.iter().enumerate() {
         let summaries_before = started.load(Ordering::SeqCst);

@@ -57,13 +57,19 @@ fn compacted(o: &Forward) -> ChatRequest {
     }
 }
 
+/// The defaults with `keep_last_tool_groups` and tool output never stubbed: stubbing
+/// large output is priced cheaper than folding it, so scenarios of folds switch it off.
+fn folding(keep_last_tool_groups: usize) -> CompactionConfig {
+    CompactionConfig { keep_last_tool_groups, elide_min_tokens: 1_000_000, ..Default::default() }
+}
+
 fn window(n: usize) -> Options {
     Options { window_cap: Some(n), ..Options::default() }
 }
 
 #[test]
 fn live_turn_folds_at_tool_group_boundaries() {
-    let engine = Engine::new(CompactionConfig { keep_last_tool_groups: 2, ..Default::default() });
+    let engine = Engine::new(folding(2));
     let msgs = live_turn(12, 300);
     let out = run(
         &engine,
@@ -122,7 +128,7 @@ fn old_large_tool_results_are_elided_first() {
 
 #[test]
 fn blocks_are_reused_then_dropped_when_history_is_edited() {
-    let engine = Engine::new(CompactionConfig { keep_last_tool_groups: 2, ..Default::default() });
+    let engine = Engine::new(folding(2));
     let mut msgs = live_turn(12, 300);
     let mut state = SessionState::default();
     let first =
@@ -157,7 +163,7 @@ impl Summarizer for Failing {
 
 #[test]
 fn failing_summarizer_falls_back_to_extractive() {
-    let engine = Engine::new(CompactionConfig::default());
+    let engine = Engine::new(folding(4));
     let out = run(
         &engine,
         &body(&live_turn(12, 300)),

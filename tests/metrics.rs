@@ -163,8 +163,13 @@ async fn a_fold_counts_the_prompt_it_makes_the_provider_cache_again_and_reuse_no
         (StatusCode::OK, "compacted")
     );
     let after = header_num(&headers, "x-foldgate-tokens-after");
-    let first = rewritten(&scrape(proxy.addr).await);
+    let text = scrape(proxy.addr).await;
+    let first = rewritten(&text);
     assert!(first > 0.0 && first <= after, "{first} of {after}");
+    // Counted once, by why, with its estimated cost at the default cached price.
+    assert_eq!(value(&text, "foldgate_prefix_rewrites_total", &[]), 1.0, "{text}");
+    let cost = value(&text, "foldgate_prefix_rewrite_cost_total", &[]);
+    assert!((cost - first * 0.9).abs() <= 1.0, "{cost} for {first} tokens rewritten");
     // Sent again, it applies the fold its first request summarized in the background
     // (the prompt changes once more), then forwards the stored fold byte for byte
     // (tier 0): that rewrites nothing.

@@ -93,12 +93,14 @@ pub struct SessionState {
 }
 
 /// One item of a stored cut: a unit of the history (from original message `pos`) dropped,
-/// or forwarded as other messages (its tool results stubbed).
+/// or forwarded as other messages (its tool results stubbed), or a block's digest (at
+/// the block's start) dropped.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CutItem {
-    /// Original index of the unit's first message.
+    /// Original index of the unit's first message (of a digest: its block's start).
     pub pos: usize,
-    /// Hash of that message, to check that the history is still the same.
+    /// Hash of that message (of a digest: of the digest), to check that the history is
+    /// still the same.
     pub hash: u64,
     /// The messages forwarded instead, as exact JSON text; `None`: dropped.
     pub messages: Option<Vec<Box<RawValue>>>,

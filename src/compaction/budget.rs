@@ -33,6 +33,9 @@ pub struct Options {
     /// What the client asked of a digest besides (a compaction API's `instructions`),
     /// for a whole fold ([`crate::compaction::Engine::fold_whole`]).
     pub summary_instructions: Option<String>,
+    /// A fold summarized ahead of need (with `force`): made only when the plan would
+    /// fold rather than stub more tool output once the trigger is reached.
+    pub prefetch: bool,
 }
 
 impl Options {

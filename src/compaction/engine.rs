@@ -210,6 +210,8 @@ impl Engine {
     /// needs it applies it. `Ahead::Prefetch`: past `prefetch_ratio`, so that the
     /// request that crosses the trigger finds its digest ready. `Ahead::Due`: the fold
     /// a request postponed because it still fitted (see [`Options::postpone_folds`]).
+    /// A prefetched fold is made only when the plan would fold rather than stub more
+    /// tool output (see [`Options::prefetch`]).
     /// `request`'s own options (window cap, token ratio, model) plan it as they planned
     /// the request. Returns whether a pending block was made.
     pub async fn prefetch(
@@ -245,12 +247,12 @@ impl Engine {
                     forwarded_tokens
                 };
                 let threshold = (budget.budget as f64 * cfg.prefetch_ratio) as usize;
-                if tokens <= threshold || tokens > budget.trigger {
+                if tokens <= threshold {
                     return Ok(false);
                 }
                 // Aim as deep, relative to the prompt, as the compaction at the trigger.
                 let target = cfg.target_ratio * cfg.prefetch_ratio / cfg.trigger_ratio;
-                Options { force: true, target_ratio: Some(target), ..base }
+                Options { force: true, prefetch: true, target_ratio: Some(target), ..base }
             }
             Ahead::Due => Options { force: true, ..base },
         };

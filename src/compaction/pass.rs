@@ -5,12 +5,15 @@
 //!    protected when it fits;
 //! 2. [`Pass::reuse_cut`]: the last request's cut, while it keeps the prompt under the
 //!    trigger;
-//! 3. over the trigger (or forced): [`Pass::apply_prefetched`] (a block summarized
+//! 3. over the trigger: [`Pass::choose`] prices the plans that fit (forward as before,
+//!    stub more tool output, fold) and takes the cheapest ([`super::price`]); keeping or
+//!    stubbing ends the pass there;
+//! 4. folding (or forced): [`Pass::apply_prefetched`] (a block summarized
 //!    ahead of need), [`Pass::elide`] (tier 1), [`Pass::fold_or_postpone`] (tier 2, or
 //!    the fold postponed to the background while the request still fits),
 //!    [`Pass::goal_batch`] (tier 3), [`Pass::fallback`] (the cut: stubs, tier 1, then
 //!    drops, tier 4);
-//! 4. [`Pass::finish`]: the cut remembered, the report accounted with every change the
+//! 5. [`Pass::finish`]: the cut remembered, the report accounted with every change the
 //!    final plan makes (the tier of a cut is what it did: stubs only are tier 1), the
 //!    neutral request to forward.
 
@@ -24,6 +27,7 @@ use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::forward::Forward;
 use super::keep::Keep;
 use super::plan::{Forwarded, Goals, Item, Kind, Plan};
+use super::price::{Candidate, PlanKind, Pricing};
 use super::report::{Report, Tier};
 use super::tokens::Counter;
 use super::units::{Unit, group_tail_start, turn_tail_start};
@@ -154,6 +158,15 @@ impl<'a> Pass<'a> {
             recut => recut,
         };
         let previous = recut.as_ref().unwrap_or(&self.plan).forwarded();
+        // A cut made for a postponed fold: that fold was the plan; it stays due.
+        let fold_due = *self.stored.cut_postponed && !self.opts.prefetch;
+        if (!self.opts.force || self.opts.prefetch) && !fold_due {
+            let chosen = self.choose(&previous, recut.as_ref())?;
+            if chosen != PlanKind::Fold {
+                self.previous = Some(previous);
+                return Ok(());
+            }
+        }
         let over = Over { previous: &previous, recut: recut.as_ref() };
         self.apply_prefetched()?;
         let tail0 =
@@ -171,10 +184,159 @@ impl<'a> Pass<'a> {
         self.stored.blocks.last().map_or(0, |b| b.end)
     }
 
+    /// Prices the plans this request may take and takes the cheapest (see
+    /// [`super::price`]): forwarding as last forwarded (`recut`, or the stored blocks and
+    /// the originals) while that fits, stubbing more tool output (up to the kept tool
+    /// groups of a live turn) while that fits, or folding (with the block summarized
+    /// ahead of need, when there is one, else predicted from the fold's region). Keeping
+    /// or stubbing is applied here; a fold is left to the tiers. A fold summarized ahead
+    /// of need is priced against stubbing only, as the request reaching the trigger will
+    /// price it.
+    fn choose(
+        &mut self,
+        previous: &Forwarded,
+        recut: Option<&Plan>,
+    ) -> Result<PlanKind, CompactionError> {
+        let limit = self.budget.fit_limit();
+        let base = recut.unwrap_or(&self.plan).clone();
+        let previous_tokens = self.cover(previous);
+        let mut plans: Vec<(Candidate, Option<Plan>)> = Vec::new();
+        if base.total() <= limit && !self.opts.prefetch {
+            let common = self.common(&base, previous);
+            let keep =
+                Candidate { kind: PlanKind::Keep, total: base.total(), common, calls: false };
+            plans.push((keep, Some(base.clone())));
+        }
+        let blocks_end = self.blocks_end();
+        let tail0 = turn_tail_start(self.src.units, self.cfg.keep_last_turns).max(blocks_end);
+        let (units, groups) = (self.src.units, self.cfg.keep_last_tool_groups);
+        let tail1 = group_tail_start(units, tail0, groups).min(self.reach).max(tail0);
+        // Stubs outside the last `keep_last_turns` turns, and, when the current turn is
+        // too long to be protected (a live turn that only grows), inside them up to its
+        // last `keep_last_tool_groups` tool groups. (Stubs inside a turn that a later
+        // request protects would not be reapplied there: the prefix would change again.)
+        let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
+        let stub_tail = if self.protect.is_none() { tail1 } else { tail0 };
+        for before in [tail0, stub_tail] {
+            let mut stub = base.clone();
+            let changed = stub.elide_before(before, min, target, &mut self.counter)?;
+            if changed && stub.total() <= limit {
+                let common = self.common(&stub, previous);
+                let total = stub.total();
+                let candidate = Candidate { kind: PlanKind::Stub, total, common, calls: false };
+                plans.push((candidate, Some(stub)));
+            }
+            if stub_tail <= tail0 {
+                break;
+            }
+        }
+        if let Some(fold) = self.fold_candidate(previous, tail0, tail1)? {
+            plans.push((fold, None));
+        }
+        let candidates: Vec<Candidate> = plans.iter().map(|(c, _)| *c).collect();
+        let msgs = self.src.msgs;
+        let replies: Vec<usize> =
+            (0..msgs.len()).filter(|&i| msgs[i].role() == crate::model::Role::Assistant).collect();
+        let folds_call = self.summarizer.kind() == crate::vocab::SummarizerKind::Llm;
+        let pricing = Pricing::new(
+            self.cfg.cached_price,
+            &self.budget,
+            self.src.tokens,
+            (replies.len(), replies.first().copied()),
+            previous_tokens,
+            folds_call,
+        );
+        let Some(choice) = pricing.choose(&candidates) else { return Ok(PlanKind::Fold) };
+        self.report.plan = Some(choice);
+        if choice.chosen != PlanKind::Fold {
+            // The cheapest of its kind (two stubs may be priced).
+            let cost = |c: &Candidate| pricing.cost(c);
+            let taken = plans
+                .into_iter()
+                .filter(|(c, _)| c.kind == choice.chosen)
+                .min_by(|a, b| cost(&a.0).total_cmp(&cost(&b.0)));
+            if let Some((_, Some(plan))) = taken {
+                self.report.cut_reused |= recut.is_some() && choice.chosen == PlanKind::Keep;
+                self.plan = plan;
+            }
+        }
+        Ok(choice.chosen)
+    }
+
+    /// The fold this request would make, as priced: with the block summarized ahead of
+    /// need when one applies (no call), else predicted from its region (a digest of
+    /// `digest_max_tokens` in place of its work, and a call). `None` when no fold is
+    /// worth making.
+    fn fold_candidate(
+        &mut self,
+        previous: &Forwarded,
+        tail0: usize,
+        tail1: usize,
+    ) -> Result<Option<Candidate>, CompactionError> {
+        let Stored { blocks, pending, .. } = &self.stored;
+        let ready = pending
+            .as_ref()
+            .filter(|b| b.end <= self.reach && applies(b, blocks, self.src.msgs, self.src.units));
+        if let Some(block) = ready {
+            let mut with = blocks.to_vec();
+            add_block(&mut with, block.clone());
+            let mut plan = self.src.plan(&with, &mut self.counter)?;
+            let tail0 = tail0.max(block.end);
+            let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
+            plan.elide_before(tail0, min, target, &mut self.counter)?;
+            let common = self.common(&plan, previous);
+            let total = plan.total();
+            return Ok(Some(Candidate { kind: PlanKind::Fold, total, common, calls: false }));
+        }
+        let blocks_end = self.blocks_end();
+        let end = self.fold_end(blocks_end, tail0, tail1);
+        let src = &self.src;
+        let min_work = (self.budget.trigger - self.budget.target) / 2;
+        let work = src.keep.work_tokens(src.msgs, src.tokens, blocks_end, end);
+        if end <= blocks_end || work < min_work.max(1) {
+            return Ok(None);
+        }
+        // The fold simulated on the plan: the region's work out and a digest's worth of
+        // tokens in, then stubs and the cut to the target, as the tiers would make them.
+        let mut folded = self.plan.clone();
+        let in_region = |i: &Item| i.pos >= blocks_end && i.pos < end && i.kind == Kind::Work;
+        folded.items.iter_mut().filter(|i| in_region(i)).for_each(|i| i.dropped = true);
+        let digest = self.cfg.digest_max_tokens;
+        folded.fixed += digest;
+        let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
+        folded.elide_before(tail0.max(end), min, target, &mut self.counter)?;
+        let goals = self.goals(target, self.budget.budget);
+        folded.fallback(goals, self.protect, &mut self.counter)?;
+        let total = folded.total();
+        // Its prompt differs where the digest goes in (after what the fold keeps verbatim
+        // at its start), at the latest.
+        let common = self.common(&folded, previous) - digest;
+        // The extractive digest is written here, without a call.
+        let calls = self.summarizer.kind() == crate::vocab::SummarizerKind::Llm;
+        Ok(Some(Candidate { kind: PlanKind::Fold, total, common, calls }))
+    }
+
+    /// Tokens of `plan`'s prompt that repeat `previous` from its start (the tool
+    /// definitions among them).
+    fn common(&mut self, plan: &Plan, previous: &Forwarded) -> usize {
+        let forwarded = plan.messages();
+        let same = forwarded
+            .iter()
+            .zip(&previous.messages)
+            .take_while(|(a, b)| a.hash() == b.hash() && a.raw() == b.raw())
+            .count();
+        plan.fixed + forwarded[..same].iter().map(|m| self.counter.message(m)).sum::<usize>()
+    }
+
+    /// Prompt tokens of `previous` (the tool definitions among them).
+    fn cover(&mut self, previous: &Forwarded) -> usize {
+        self.plan.fixed + previous.messages.iter().map(|m| self.counter.message(m)).sum::<usize>()
+    }
+
     /// The last request's cut applied to this request's plan.
     fn apply_cut(&mut self) -> Result<Option<Plan>, CompactionError> {
-        let (msgs, end, protect) = (self.src.msgs, self.blocks_end(), self.protect);
-        Ok(self.plan.apply_cut(self.stored.cut, msgs, end, protect, &mut self.counter)?)
+        let (msgs, protect) = (self.src.msgs, self.protect);
+        Ok(self.plan.apply_cut(self.stored.cut, msgs, protect, &mut self.counter)?)
     }
 
     /// Reuse: the last request's cut, while it still keeps the prompt under the trigger.
@@ -186,7 +348,8 @@ impl<'a> Pass<'a> {
         if self.opts.force || self.stored.cut.is_empty() {
             return Ok(None);
         }
-        match self.apply_cut()? {
+        let applied = self.apply_cut()?;
+        match applied {
             Some(kept) if kept.total() <= self.budget.trigger && !*self.stored.cut_postponed => {
                 self.plan = kept;
                 self.report.cut_reused = true;
@@ -482,7 +645,7 @@ impl<'a> Pass<'a> {
     /// request to forward (unchanged when every message is the original).
     pub fn finish(mut self, request: &ChatRequest) -> Result<Forward, CompactionError> {
         let msgs = self.src.msgs;
-        *self.stored.cut = self.plan.cut_items(msgs, self.blocks_end())?;
+        *self.stored.cut = self.plan.cut_items(msgs)?;
         *self.stored.cut_postponed = self.report.fold_postponed && !self.stored.cut.is_empty();
         let forwarded = self.plan.messages();
         self.report.account(&self.plan, msgs.len());
@@ -493,6 +656,8 @@ impl<'a> Pass<'a> {
         if let Some(previous) = &self.previous {
             self.report.rewritten_tokens =
                 rewritten(&forwarded, &previous.messages, &mut self.counter);
+            self.report.rewrite_cost =
+                self.report.rewritten_tokens as f64 * (1.0 - self.cfg.cached_price);
         }
         let report = self.report;
         if same_messages(&forwarded, msgs) {

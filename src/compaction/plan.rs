@@ -175,16 +175,17 @@ impl Plan {
         forwarded
     }
 
-    /// What this plan cuts of the original units from `from` on (dropped, or with
-    /// stubbed results), to be reapplied by [`Plan::apply_cut`].
-    pub fn cut_items(
-        &self,
-        msgs: &[Arc<Message>],
-        from: usize,
-    ) -> Result<Vec<CutItem>, ModelError> {
+    /// What this plan cuts of the original messages it forwards (units after the
+    /// blocks, and the messages the blocks keep verbatim): dropped, or with stubbed
+    /// results, to be reapplied by [`Plan::apply_cut`].
+    pub fn cut_items(&self, msgs: &[Arc<Message>]) -> Result<Vec<CutItem>, ModelError> {
         let mut out = Vec::new();
         for it in &self.items {
-            if it.pos < from || it.originals == 0 || !(it.dropped || it.elided > 0) {
+            if it.kind == Kind::Digest && it.dropped {
+                out.push(CutItem { pos: it.pos, hash: it.msgs[0].hash(), messages: None });
+                continue;
+            }
+            if it.originals == 0 || !(it.dropped || it.elided > 0) {
                 continue;
             }
             let messages = if it.dropped {
@@ -204,26 +205,26 @@ impl Plan {
         Ok(out)
     }
 
-    /// This plan with a stored `cut` applied to its units from `from` on, or `None` when
-    /// the cut no longer fits the history (a unit changed or is gone) or touches the
+    /// This plan with a stored `cut` applied, or `None` when the cut no longer fits the
+    /// history (a message it cut changed, is gone or was folded since) or touches the
     /// protected turn (from original index `protect` on).
     pub fn apply_cut(
         &self,
         cut: &[CutItem],
         msgs: &[Arc<Message>],
-        from: usize,
         protect: Option<usize>,
         counter: &mut Counter<'_>,
     ) -> Result<Option<Self>, ModelError> {
         let mut out = self.clone();
         for c in cut {
-            if c.pos < from || protect.is_some_and(|p| c.pos >= p) {
+            if protect.is_some_and(|p| c.pos >= p) {
                 return Ok(None);
             }
             let found = out.items.iter_mut().find(|it| {
-                it.pos == c.pos
-                    && it.originals > 0
-                    && msgs.get(c.pos).is_some_and(|m| m.hash() == c.hash)
+                let digest = it.kind == Kind::Digest && it.msgs[0].hash() == c.hash;
+                let original =
+                    it.originals > 0 && msgs.get(c.pos).is_some_and(|m| m.hash() == c.hash);
+                it.pos == c.pos && (digest || original)
             });
             let Some(item) = found else { return Ok(None) };
             match &c.messages {

@@ -77,6 +77,12 @@ pub struct Report {
     /// made the prompt differ from the conversation as last forwarded (with what the
     /// client added since): what the provider writes to its cache again.
     pub rewritten_tokens: usize,
+    /// The plan priced cheapest and taken over the trigger, with the runner-up (see
+    /// `super::price`); `None` below the trigger or when forced.
+    pub plan: Option<super::Choice>,
+    /// What the prefix rewrite costs beyond reading those tokens from the cache
+    /// (`rewritten_tokens` at `1 - cached_price`), in token-equivalents.
+    pub rewrite_cost: f64,
     /// Every change made to the original messages, in their order (see
     /// `super::changes`).
     pub changes: Vec<Change>,
@@ -120,6 +126,8 @@ impl Report {
             rereads: 0,
             fits: true,
             rewritten_tokens: 0,
+            plan: None,
+            rewrite_cost: 0.0,
             changes: Vec::new(),
         }
     }
@@ -134,6 +142,29 @@ impl Report {
         self.elided = live.iter().map(|i| i.elided).sum();
         self.folded = live.iter().map(|i| i.folds).sum();
         self.dropped = original.saturating_sub(self.kept + self.elided + self.folded);
+    }
+
+    /// Why the prompt was rewritten (see [`Report::rewritten_tokens`]), when it was: the
+    /// deepest thing done, from what the report records.
+    pub fn rewrite_reason(&self) -> Option<crate::vocab::RewriteReason> {
+        use crate::vocab::RewriteReason as R;
+        if self.rewritten_tokens == 0 {
+            return None;
+        }
+        let cut = |kind| self.changes.iter().any(|c: &Change| c.kind == kind);
+        Some(if self.forced {
+            R::Overflow
+        } else if self.goal_batches > 0 {
+            R::GoalBatch
+        } else if self.blocks_new > 0 {
+            R::Fold
+        } else if cut(ChangeKind::Dropped) {
+            R::Cut
+        } else if cut(ChangeKind::Elided) {
+            R::Stub
+        } else {
+            R::History
+        })
     }
 
     /// Why the request got its tier, in a few words: what was reused, folded, postponed,
@@ -180,6 +211,18 @@ impl Report {
         }
         if !self.fits {
             say("still over the window");
+        }
+        if let Some(plan) = &self.plan {
+            let mut text = format!("plan: {} (est. {:.0})", plan.chosen.as_str(), plan.cost);
+            if let Some(runner_up) = plan.runner_up {
+                let runner =
+                    format!(", runner-up {} ({:.0})", runner_up.as_str(), plan.runner_up_cost);
+                text.push_str(&runner);
+            }
+            if plan.chosen == super::PlanKind::Keep {
+                text.push_str(": a rewrite would not pay for itself yet");
+            }
+            say(&text);
         }
         if why.is_empty() {
             let over = self.tokens_before > self.budget.trigger;

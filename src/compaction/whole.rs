@@ -112,7 +112,10 @@ impl Engine {
             return Ok(None);
         };
         let measured = Measured { budget, fixed, tokens_before, folded, tokens: &tokens };
-        whole_fold(measured, done, &mut counter).map(Some)
+        let mut whole = whole_fold(measured, done, &mut counter)?;
+        let report = &mut whole.report;
+        report.rewrite_cost = report.rewritten_tokens as f64 * (1.0 - cfg.cached_price);
+        Ok(Some(whole))
     }
 }
 

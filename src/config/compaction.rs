@@ -47,6 +47,9 @@ pub struct CompactionConfig {
     pub prefetch: bool,
     /// Past this share of the budget the next fold is summarized in the background.
     pub prefetch_ratio: f64,
+    /// What a prompt token the provider serves from its cache costs against one it
+    /// does not: the engine prices each plan with it and takes the cheapest.
+    pub cached_price: f64,
 }
 
 /// What foldgate does with a compaction it computed.
@@ -81,6 +84,7 @@ impl Default for CompactionConfig {
             mode: CompactionMode::Enforce,
             prefetch: true,
             prefetch_ratio: 0.6,
+            cached_price: 0.1,
         }
     }
 }
@@ -123,6 +127,12 @@ impl CompactionConfig {
             return Err((
                 "compaction.prefetch_ratio",
                 format!("{} must be in 0..1 and at most trigger_ratio", self.prefetch_ratio),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.cached_price) {
+            return Err((
+                "compaction.cached_price",
+                format!("{} is outside 0..=1", self.cached_price),
             ));
         }
         if !in_unit(self.floor_max_ratio) {

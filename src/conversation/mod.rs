@@ -322,15 +322,23 @@ impl Conversations {
 
     /// The fold to make in the background after a request reported as `report`: the one
     /// it postponed, or the next one ahead of need once the prompt passed
-    /// `prefetch_ratio` of the budget (still below the trigger).
+    /// `prefetch_ratio` of the budget (below the trigger, or past it while the plan keeps
+    /// the prompt as forwarded and would fold next).
     fn ahead(&self, report: &Report, options: &Options) -> Option<Ahead> {
         let cfg = self.engine().config();
         if report.fold_postponed {
             return Some(Ahead::Due);
         }
         let threshold = (report.budget.budget as f64 * cfg.prefetch_ratio) as usize;
-        let growing =
-            report.tokens_after > threshold && report.tokens_after <= report.budget.trigger;
+        // Past the trigger, a prompt kept as forwarded (a rewrite would not pay yet) whose
+        // next rewrite is a fold: that fold is made ahead, so that the request that no
+        // longer fits finds it ready.
+        let kept = report.plan.is_some_and(|p| {
+            p.chosen == crate::compaction::PlanKind::Keep
+                && p.runner_up == Some(crate::compaction::PlanKind::Fold)
+        });
+        let growing = report.tokens_after > threshold
+            && (report.tokens_after <= report.budget.trigger || kept);
         (cfg.enabled && cfg.prefetch && growing && report.blocks_new == 0 && !options.force)
             .then_some(Ahead::Prefetch { forwarded_tokens: report.tokens_after })
     }

@@ -286,6 +286,9 @@ impl Record {
         }
         if decision.rewritten.is_some() {
             metrics.prompt_rewritten(route, model, report.rewritten_tokens as u64);
+            if let Some(reason) = report.rewrite_reason() {
+                metrics.prefix_rewrite(reason, report.rewrite_cost);
+            }
         }
         if decision.outcome.engine_compacted() && before > 0 {
             metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
