@@ -176,13 +176,11 @@ fn text_mode_tool_output_is_recognised_per_family() {
 /// The chat answer of the mock provider.
 const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101}}"#;
 
-/// The longest sessions of the families that outgrow a 16k window, sent through the
-/// proxy as their agents sent them (the model summarizer folds in the background while
-/// a request still fits), priced like `replay`: the forwarded requests and the
-/// summarizer calls cost at most 0.88x sending every request whole, and no forwarded
-/// request breaks a guarantee.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_longest_dev_sessions_cost_less_through_the_proxy() {
+/// A provider answering `ANSWER` and ~900-token digests, and a proxy in front of it with
+/// the model summarizer and a `window`; the count of summarizer calls.
+async fn model_summarized_proxy(
+    window: usize,
+) -> (Arc<AtomicUsize>, MockUpstream, foldgate::config::Config, Proxy) {
     let (calls, shared) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let summaries = digests(calls.clone(), shared);
     let mock = MockUpstream::start(Arc::new(move |rec: Recorded| {
@@ -194,8 +192,19 @@ async fn the_longest_dev_sessions_cost_less_through_the_proxy() {
     .await;
     let mut config = common::config_for(&mock.url());
     config.summarizer.kind = SummarizerKind::Llm;
-    config.compaction.max_context_tokens = Some(16_000);
+    config.compaction.max_context_tokens = Some(window);
     let proxy = Proxy::start(config.clone()).await;
+    (calls, mock, config, proxy)
+}
+
+/// The longest sessions of the families that outgrow a 16k window, sent through the
+/// proxy as their agents sent them (the model summarizer folds in the background while
+/// a request still fits), priced like `replay`: the forwarded requests and the
+/// summarizer calls cost at most 0.88x sending every request whole, and no forwarded
+/// request breaks a guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_dev_sessions_cost_less_through_the_proxy() {
+    let (calls, mock, config, proxy) = model_summarized_proxy(16_000).await;
 
     let sample = longest_sessions(&["mini-swe-agent", "openhands"], 2);
     // The agent's model takes its time to answer: background folds land.
@@ -258,19 +267,7 @@ const THIRTY_OUTPUTS_UNPRICED: f64 = 1_424_470.0;
 /// costs less than it did before plans were priced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_large_outputs_in_one_turn_make_few_summarizer_calls() {
-    let (calls, shared) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let summaries = digests(calls.clone(), shared);
-    let mock = MockUpstream::start(Arc::new(move |rec: Recorded| {
-        if rec.headers.contains_key("x-foldgate-summary") {
-            return summaries(rec);
-        }
-        Box::pin(async move { response(200, ANSWER) })
-    }))
-    .await;
-    let mut config = common::config_for(&mock.url());
-    config.summarizer.kind = SummarizerKind::Llm;
-    config.compaction.max_context_tokens = Some(48_000);
-    let proxy = Proxy::start(config.clone()).await;
+    let (_, mock, config, proxy) = model_summarized_proxy(48_000).await;
     let pace = Pace { between: Duration::from_millis(20), after: Duration::from_millis(300) };
     let session = [thirty_large_outputs()];
     let priced = send_priced(&[&proxy], &mock, &session, "Bearer sk-large", pace, &config).await;

@@ -233,3 +233,48 @@ impl Report {
         why.join(", ")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::{Choice, Options, PlanKind};
+    use crate::config::CompactionConfig;
+    use crate::vocab::RewriteReason;
+
+    fn report() -> Report {
+        let cfg = CompactionConfig { max_context_tokens: Some(16_000), ..Default::default() };
+        let budget =
+            Budget::for_model(Some("gpt-4o".into()), Some(1000), &cfg, &Options::default());
+        Report::new(budget, false, 10, 0, 0)
+    }
+
+    #[test]
+    fn why_names_the_plan_taken_and_the_runner_up() {
+        let mut kept = report();
+        kept.tokens_before = 12_000;
+        kept.plan = Some(Choice {
+            chosen: PlanKind::Keep,
+            cost: 3376.2,
+            runner_up: Some(PlanKind::Fold),
+            runner_up_cost: 8008.0,
+        });
+        assert_eq!(
+            kept.why(),
+            "plan: keep (est. 3376), runner-up fold (8008): a rewrite would not pay for itself yet"
+        );
+        assert_eq!(kept.rewrite_reason(), None, "nothing was rewritten");
+    }
+
+    #[test]
+    fn a_rewrite_is_counted_for_the_deepest_thing_done() {
+        let mut folded = report();
+        folded.rewritten_tokens = 900;
+        assert_eq!(folded.rewrite_reason(), Some(RewriteReason::History));
+        folded.blocks_new = 1;
+        assert_eq!(folded.rewrite_reason(), Some(RewriteReason::Fold));
+        folded.goal_batches = 1;
+        assert_eq!(folded.rewrite_reason(), Some(RewriteReason::GoalBatch));
+        folded.forced = true;
+        assert_eq!(folded.rewrite_reason(), Some(RewriteReason::Overflow));
+    }
+}
