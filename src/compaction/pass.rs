@@ -234,17 +234,16 @@ impl<'a> Pass<'a> {
             plans.push((fold, None));
         }
         let candidates: Vec<Candidate> = plans.iter().map(|(c, _)| *c).collect();
+        let is_reply = |m: &Arc<Message>| m.role() == crate::model::Role::Assistant;
         let msgs = self.src.msgs;
-        let replies: Vec<usize> =
-            (0..msgs.len()).filter(|&i| msgs[i].role() == crate::model::Role::Assistant).collect();
-        let folds_call = self.summarizer.kind() == crate::vocab::SummarizerKind::Llm;
+        let replies = (msgs.iter().filter(|m| is_reply(m)).count(), msgs.iter().position(is_reply));
         let pricing = Pricing::new(
             self.cfg.cached_price,
             &self.budget,
             self.src.tokens,
-            (replies.len(), replies.first().copied()),
+            replies,
             previous_tokens,
-            folds_call,
+            self.folds_call(),
         );
         let Some(choice) = pricing.choose(&candidates) else { return Ok(PlanKind::Fold) };
         self.report.plan = Some(choice);
@@ -311,9 +310,13 @@ impl<'a> Pass<'a> {
         // Its prompt differs where the digest goes in (after what the fold keeps verbatim
         // at its start), at the latest.
         let common = self.common(&folded, previous) - digest;
-        // The extractive digest is written here, without a call.
-        let calls = self.summarizer.kind() == crate::vocab::SummarizerKind::Llm;
+        let calls = self.folds_call();
         Ok(Some(Candidate { kind: PlanKind::Fold, total, common, calls }))
+    }
+
+    /// A fold calls a model (the extractive digest is written here, without a call).
+    fn folds_call(&self) -> bool {
+        self.summarizer.kind() == crate::vocab::SummarizerKind::Llm
     }
 
     /// Tokens of `plan`'s prompt that repeat `previous` from its start (the tool

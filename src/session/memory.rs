@@ -37,6 +37,9 @@ pub struct MemoryStore<S> {
     map: DashMap<SessionKey, Entry<S>>,
     records: DashMap<SessionKey, Recorded>,
     chains: DashMap<SessionKey, Chained>,
+    /// Bytes of every chain held (kept as chains come and go, so a save need not add
+    /// them up).
+    chain_bytes: std::sync::atomic::AtomicUsize,
     ttl: Duration,
     max_sessions: usize,
 }
@@ -46,7 +49,26 @@ impl<S> MemoryStore<S> {
     pub fn new(ttl: Duration, max_sessions: usize) -> Self {
         let max_sessions = max_sessions.max(1);
         let (map, records, chains) = (DashMap::new(), DashMap::new(), DashMap::new());
-        Self { map, records, chains, ttl, max_sessions }
+        let chain_bytes = std::sync::atomic::AtomicUsize::new(0);
+        Self { map, records, chains, chain_bytes, ttl, max_sessions }
+    }
+
+    /// Drops the chains `keep` says no to, minding the bytes held.
+    fn retain_chains(&self, keep: impl Fn(&Chained) -> bool) {
+        self.chains.retain(|_, c| {
+            let kept = keep(c);
+            if !kept {
+                self.chain_bytes.fetch_sub(c.items.len(), std::sync::atomic::Ordering::Relaxed);
+            }
+            kept
+        });
+    }
+
+    /// Drops the chain of `key`, if any, minding the bytes held.
+    fn remove_chain(&self, key: &SessionKey) {
+        if let Some((_, c)) = self.chains.remove(key) {
+            self.chain_bytes.fetch_sub(c.items.len(), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Drops expired sessions (and records); returns how many sessions.
@@ -55,7 +77,7 @@ impl<S> MemoryStore<S> {
         let now = Instant::now();
         self.map.retain(|_, e| now.duration_since(e.last_seen) < self.ttl);
         self.records.retain(|_, r| now.duration_since(r.last_seen) < self.ttl);
-        self.chains.retain(|_, c| now.duration_since(c.stored) < self.ttl);
+        self.retain_chains(|c| now.duration_since(c.stored) < self.ttl);
         before.saturating_sub(self.map.len())
     }
 
@@ -230,13 +252,13 @@ impl<S: Send + Sync> ChainStore for MemoryStore<S> {
         replaces: Option<&SessionKey>,
     ) -> Result<(), StoreError> {
         if let Some(old) = replaces {
-            self.chains.remove(old);
+            self.remove_chain(old);
         }
-        let held: usize = self.chains.iter().map(|c| c.items.len()).sum();
+        let held = self.chain_bytes.load(std::sync::atomic::Ordering::Relaxed);
         if self.chains.len() >= self.max_sessions || held + items.len() > CHAINS_MAX_BYTES {
             // The expired go, then the oldest, until there is room.
             let now = Instant::now();
-            self.chains.retain(|_, c| now.duration_since(c.stored) < self.ttl);
+            self.retain_chains(|c| now.duration_since(c.stored) < self.ttl);
             let mut by_age: Vec<(Instant, SessionKey, usize)> =
                 self.chains.iter().map(|c| (c.stored, c.key().clone(), c.items.len())).collect();
             by_age.sort_unstable_by_key(|(stored, _, _)| *stored);
@@ -246,12 +268,17 @@ impl<S: Send + Sync> ChainStore for MemoryStore<S> {
                 if count < self.max_sessions && held + items.len() <= CHAINS_MAX_BYTES {
                     break;
                 }
-                self.chains.remove(&old);
+                self.remove_chain(&old);
                 held -= len;
                 count -= 1;
             }
         }
-        self.chains.insert(key.clone(), Chained { items, stored: Instant::now() });
+        let len = items.len();
+        let chained = Chained { items, stored: Instant::now() };
+        if let Some(old) = self.chains.insert(key.clone(), chained) {
+            self.chain_bytes.fetch_sub(old.items.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+        self.chain_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }
