@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::compaction::steer::Steer;
 use crate::http::session_key::SessionHeaders;
 
 use crate::api::compaction_item::Sealer;
@@ -41,6 +42,9 @@ pub enum AppError {
     /// `session.header` is not a header name.
     #[error("session.header: {0}")]
     SessionHeader(String),
+    /// `compaction.pin` holds a pattern that cannot be used.
+    #[error("compaction.pin: {0}")]
+    Pin(#[from] crate::compaction::steer::PinError),
     /// A thread or runtime could not be started.
     #[error("cannot start a thread or async runtime: {0}")]
     Runtime(std::io::Error),
@@ -91,9 +95,11 @@ fn build_pipeline(
         let inspection = conversations.inspection(config.admin.history);
         Arc::new(Inspector::new(inspection, config.admin.tenant_view))
     });
+    let steer = Steer::new(&config.summarizer.instructions, &config.compaction.pin)?;
     let compacted = CompactedRoutes {
         conversations,
         session_header,
+        steer,
         enabled: config.compaction.enabled,
         inspector,
         compaction_apis: Arc::new(provider_apis(config)),

@@ -19,10 +19,15 @@ use crate::summarizer::ExtractiveSummarizer;
 #[allow(clippy::print_stderr)]
 pub fn run(args: &CompactArgs) -> ExitCode {
     let api = super::api_of(args.api);
-    let cfg = match super::load_compaction(args.config.config.as_deref()) {
+    let config = match super::load_config(args.config.config.as_deref()) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    let steer = match super::steer_of(&config) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let cfg = config.compaction;
     let body = match read_input(args.input.as_deref()) {
         Ok(b) => b,
         Err(e) => {
@@ -38,7 +43,8 @@ pub fn run(args: &CompactArgs) -> ExitCode {
         }
     };
     let engine = Engine::new(cfg);
-    let opts = Options { window_cap: args.window, model: args.model.clone(), ..Options::default() };
+    let opts =
+        Options { window_cap: args.window, model: args.model.clone(), steer, ..Options::default() };
     let mut state = SessionState::default();
     let body = Bytes::from(body);
     let shape = match api {

@@ -9,7 +9,8 @@ use std::process::ExitCode;
 
 use crate::api::Api;
 use crate::cli::ApiShape;
-use crate::config::{CompactionConfig, Config, ConfigSource, resolve_file};
+use crate::compaction::steer::Steer;
+use crate::config::{Config, ConfigSource, resolve_file};
 
 /// The API shape `--api` names.
 fn api_of(shape: ApiShape) -> Api {
@@ -20,10 +21,16 @@ fn api_of(shape: ApiShape) -> Api {
     }
 }
 
-/// Loads the `[compaction]` section like `serve` loads the whole file, printing the
-/// error (exit code 2) on failure.
-fn load_compaction(file: Option<&std::path::Path>) -> Result<CompactionConfig, ExitCode> {
-    load_config(file).map(|c| c.compaction)
+/// The instructions (`summarizer.instructions`) and pins (`compaction.pin`) of
+/// `config`, as `serve` applies them (validated when the configuration was loaded).
+fn steer_of(config: &Config) -> Result<Steer, ExitCode> {
+    Steer::new(&config.summarizer.instructions, &config.compaction.pin).map_err(|e| {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("foldgate: compaction.pin: {e}");
+        }
+        ExitCode::from(2)
+    })
 }
 
 /// Loads the configuration like `serve` does, printing the error (exit code 2) on

@@ -36,6 +36,8 @@ pub struct Options {
     /// A fold summarized ahead of need (with `force`): made only when the plan would
     /// fold rather than stub more tool output once the trigger is reached.
     pub prefetch: bool,
+    /// What the operator and the request ask of folds: instructions and pins.
+    pub steer: super::steer::Steer,
 }
 
 impl Options {

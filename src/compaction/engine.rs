@@ -9,6 +9,7 @@ use super::forward::Forward;
 use super::keep::Keep;
 use super::pass::{Pass, Sources, Stored};
 use super::report::Report;
+use super::steer;
 use super::tokens::count::{TOKENS_PER_MESSAGE, upper_bound_of};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
 use super::trail::{Kind as TrailKind, State as TrailState, Trail};
@@ -159,7 +160,9 @@ impl Engine {
         // Content foldgate cannot read is kept whole: the request goes as it was sent.
         request.readable()?;
         let units = units(msgs);
-        let invalidated = retain_matching(&mut state.blocks, msgs, &units);
+        let pinned = steer::pinned_units(opts.steer.pins.as_deref(), msgs, &units);
+        let invalidated = retain_matching(&mut state.blocks, msgs, &units)
+            + steer::unfold_pinned(&mut state.blocks, &pinned);
         let mut report =
             Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
         report.rereads = rereads(&state.blocks, msgs);
@@ -168,7 +171,7 @@ impl Engine {
         let fixed = counter.tools(request.tools_raw()) + REPLY_PRIMING;
         let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
         report.tokens_before = fixed + tokens.iter().sum::<usize>();
-        let keep = Keep::new(msgs, cfg);
+        let keep = Keep::new(msgs, cfg).with_pins(&pinned);
         let src = Sources { msgs, units: &units, tokens: &tokens, fixed, keep: &keep };
         let stored = Stored { blocks, pending, cut, cut_postponed };
         let mut pass = Pass::start(cfg, opts, request, summarizer, src, stored, counter, report)?;
@@ -227,6 +230,7 @@ impl Engine {
             window_cap: request_opts.window_cap,
             model: request_opts.model.clone(),
             token_ratio: request_opts.token_ratio,
+            steer: request_opts.steer.clone(),
             ..Options::default()
         }
         .for_conversation(state.token_ratio)

@@ -15,13 +15,13 @@ use crate::summarizer::{DigestKind, SharedPrefix, Summarizer, SummarizerError, S
 
 /// How a new block is made.
 #[derive(Debug, Clone, Copy)]
-pub struct FoldRules {
+pub struct FoldRules<'p> {
     /// The digest body should stay within about this many tokens.
     pub max_tokens: usize,
     /// The work trail written into the digest takes at most about this many tokens.
     pub trail_tokens: usize,
     /// Which messages stay verbatim.
-    pub keep: Keep,
+    pub keep: Keep<'p>,
     /// What kind of digest to write.
     pub kind: DigestKind,
     /// In a goal batch, user messages up to this many tokens stay verbatim (those the
@@ -76,7 +76,7 @@ pub async fn fold_after(
     absorb: bool,
     region: Region<'_>,
     summarizer: &dyn Summarizer,
-    rules: FoldRules,
+    rules: FoldRules<'_>,
     instructions: Option<&str>,
 ) -> Result<Option<Folded>, ModelError> {
     let absorb = absorb || rules.kind == DigestKind::GoalBatch;
@@ -144,11 +144,15 @@ async fn write_digest(
     summarizer: &dyn Summarizer,
     summary: SummaryInput<'_>,
     input: &[Arc<Message>],
-    rules: FoldRules,
+    rules: FoldRules<'_>,
 ) -> Option<(String, &'static str, Option<String>)> {
-    let fallback = |input: &[Arc<Message>]| match rules.kind {
-        DigestKind::Fold => extractive::digest(input, rules.max_tokens),
-        DigestKind::GoalBatch => extractive::goal_history(input, rules.max_tokens),
+    let asked = summary.instructions;
+    let fallback = |input: &[Arc<Message>]| {
+        let body = match rules.kind {
+            DigestKind::Fold => extractive::digest(input, rules.max_tokens),
+            DigestKind::GoalBatch => extractive::goal_history(input, rules.max_tokens),
+        };
+        extractive::with_instruction_facts(body, rules.kind, asked)
     };
     Some(match summarizer.summarize(summary).await {
         Err(SummarizerError::Deferred) => return None,
@@ -168,7 +172,7 @@ fn with_trail(
     absorb: bool,
     region: &Region<'_>,
     body: &str,
-    rules: FoldRules,
+    rules: FoldRules<'_>,
 ) -> (String, Option<f64>, Trail) {
     let Region { msgs, start, end, .. } = *region;
     let base = match blocks.last() {
@@ -192,13 +196,13 @@ fn verbatim_messages(
     blocks: &[FoldBlock],
     absorb: bool,
     region: &Region<'_>,
-    rules: FoldRules,
+    rules: FoldRules<'_>,
 ) -> Result<(Vec<Box<RawValue>>, Vec<usize>), ModelError> {
     let Region { msgs, tokens, start, end, .. } = *region;
     let stays = |i: usize| match rules.kind {
         DigestKind::Fold => rules.keep.is_verbatim(msgs, tokens, i),
         DigestKind::GoalBatch => {
-            msgs[i].role().is_pinned()
+            rules.keep.is_pinned(msgs, i)
                 || match rules.keep.class(msgs, i, tokens[i]) {
                     Some(UserClass::Task) => true,
                     Some(UserClass::Small) => rules.goal_keeps.is_some_and(|max| tokens[i] <= max),

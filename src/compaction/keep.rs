@@ -17,7 +17,7 @@ use crate::model::{Message, is_user_words};
 
 /// The verbatim rules of one request.
 #[derive(Debug, Clone, Copy)]
-pub struct Keep {
+pub struct Keep<'p> {
     /// Small user messages up to this many tokens.
     pub user_max: usize,
     /// The task statement up to this many tokens.
@@ -26,6 +26,8 @@ pub struct Keep {
     pub task: Option<usize>,
     /// Index of the last user message.
     pub last_user: Option<usize>,
+    /// Messages a pin pattern pins (`compaction.pin`), by index; empty without pins.
+    pub pinned: &'p [bool],
 }
 
 /// Why a user message is kept verbatim.
@@ -41,15 +43,31 @@ pub enum UserClass {
     Large,
 }
 
-impl Keep {
-    /// The rules for `msgs` under `cfg`.
+impl<'p> Keep<'p> {
+    /// The rules for `msgs` under `cfg`, without pins.
     pub fn new(msgs: &[Arc<Message>], cfg: &CompactionConfig) -> Self {
         Self {
             user_max: cfg.user_verbatim_max_tokens,
             task_max: cfg.task_verbatim_max_tokens,
             task: (0..msgs.len()).find(|&i| is_user_words(msgs, i)),
             last_user: (0..msgs.len()).rfind(|&i| is_user_words(msgs, i)),
+            pinned: &[],
         }
+    }
+
+    /// These rules with the messages pin patterns pin (see [`super::steer::Pins::flags`]).
+    pub fn with_pins(self, pinned: &'p [bool]) -> Self {
+        Self { pinned, ..self }
+    }
+
+    /// True when message `i` is pinned: by its role (system, developer) or a pattern.
+    pub fn is_pinned(&self, msgs: &[Arc<Message>], i: usize) -> bool {
+        msgs[i].role().is_pinned() || self.pinned.get(i).copied().unwrap_or(false)
+    }
+
+    /// Tokens of the messages a pattern pins (not those pinned by their role).
+    pub fn pattern_pinned_tokens(&self, tokens: &[usize]) -> usize {
+        self.pinned.iter().zip(tokens).filter(|(p, _)| **p).map(|(_, t)| t).sum()
     }
 
     /// How user message `i` (of `tokens` tokens) is treated; `None` if not a user message.
@@ -70,7 +88,7 @@ impl Keep {
 
     /// True if message `i` stays verbatim when folded.
     pub fn is_verbatim(&self, msgs: &[Arc<Message>], tokens: &[usize], i: usize) -> bool {
-        msgs[i].role().is_pinned()
+        self.is_pinned(msgs, i)
             || self.class(msgs, i, tokens[i]).is_some_and(|c| c != UserClass::Large)
     }
 
@@ -88,7 +106,7 @@ impl Keep {
     ) -> Option<usize> {
         let start = self.last_user?;
         let pinned_before: usize =
-            (0..start).filter(|&i| msgs[i].role().is_pinned()).map(|i| tokens[i]).sum();
+            (0..start).filter(|&i| self.is_pinned(msgs, i)).map(|i| tokens[i]).sum();
         let small = self.guarantee(msgs, tokens, fixed, budget, true);
         let turn: usize = tokens[start..].iter().sum();
         (fixed + pinned_before + small.tokens + turn <= budget.budget).then_some(start)
@@ -122,14 +140,11 @@ impl Keep {
         let last = if count_last { self.last_user.map_or(0, |i| tokens[i]) } else { 0 };
         let mut essentials = fixed + last;
         let mut small = Vec::new();
-        for (i, m) in msgs.iter().enumerate() {
-            if m.role().is_pinned() {
-                essentials += tokens[i];
-            } else if Some(i) != self.last_user
-                && is_user_words(msgs, i)
-                && tokens[i] <= self.user_max
-            {
-                small.push(tokens[i]);
+        for (i, &n) in tokens.iter().enumerate().take(msgs.len()) {
+            if self.is_pinned(msgs, i) {
+                essentials += n;
+            } else if Some(i) != self.last_user && is_user_words(msgs, i) && n <= self.user_max {
+                small.push(n);
             }
         }
         let room = budget.budget.saturating_sub(essentials);

@@ -20,6 +20,7 @@ mod pass;
 mod plan;
 mod price;
 mod report;
+pub mod steer;
 pub mod tokens;
 pub(crate) mod trail;
 mod units;
@@ -43,4 +44,15 @@ pub enum CompactionError {
     /// The body is not a chat request the engine understands.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The messages pin patterns pin take more than the floor: nothing may be folded in
+    /// their place, so the request goes as sent.
+    #[error(
+        "pinned messages take {pinned} tokens, more than the floor of {floor} (compaction.floor_max_ratio); the request goes as sent"
+    )]
+    PinsOverFloor {
+        /// Tokens of the pinned messages.
+        pinned: usize,
+        /// The floor.
+        floor: usize,
+    },
 }

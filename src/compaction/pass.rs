@@ -29,6 +29,7 @@ use super::keep::Keep;
 use super::plan::{Forwarded, Goals, Item, Kind, Plan};
 use super::price::{Candidate, PlanKind, Pricing};
 use super::report::{Report, Tier};
+use super::steer;
 use super::tokens::Counter;
 use super::units::{Unit, group_tail_start, turn_tail_start};
 use crate::config::CompactionConfig;
@@ -47,7 +48,7 @@ pub(super) struct Sources<'a> {
     /// Tool definitions and reply priming.
     pub fixed: usize,
     /// What stays verbatim.
-    pub keep: &'a Keep,
+    pub keep: &'a Keep<'a>,
 }
 
 impl Sources<'_> {
@@ -149,6 +150,7 @@ impl<'a> Pass<'a> {
 
     /// Runs the phases the request needs.
     pub async fn run(&mut self) -> Result<(), CompactionError> {
+        self.steered()?;
         let recut = self.reuse_cut()?;
         if !self.opts.force && self.plan.total() <= self.budget.trigger {
             return Ok(());
@@ -177,6 +179,29 @@ impl<'a> Pass<'a> {
         self.fallback()?;
         self.previous = Some(previous);
         Ok(())
+    }
+
+    /// The instructions in force and the pinned messages, into the report; an error
+    /// when, past the trigger, the messages pin patterns pin take more than the floor
+    /// (they count against it like the small user messages kept verbatim): the request
+    /// then goes as sent.
+    fn steered(&mut self) -> Result<(), CompactionError> {
+        let src = &self.src;
+        let summary = self.opts.summary_instructions.as_deref();
+        self.report.instructions = self.opts.steer.instructions(src.msgs, summary);
+        self.report.pinned =
+            (src.keep.pinned.iter().enumerate()).filter(|(_, p)| **p).map(|(i, _)| i).collect();
+        let pinned = src.keep.pattern_pinned_tokens(src.tokens);
+        let over = self.opts.force || self.report.tokens_before > self.budget.trigger;
+        if over && pinned > self.budget.floor {
+            return Err(CompactionError::PinsOverFloor { pinned, floor: self.budget.floor });
+        }
+        Ok(())
+    }
+
+    /// The merged instructions for a digest (see [`super::steer::merged`]).
+    fn instructions(&self) -> Option<String> {
+        steer::merged(&self.report.instructions)
     }
 
     /// Where the stored blocks end.
@@ -265,7 +290,8 @@ impl<'a> Pass<'a> {
     /// The fold this request would make, as priced: with the block summarized ahead of
     /// need when one applies (no call), else predicted from its region (a digest of
     /// `digest_max_tokens` in place of its work, and a call). `None` when no fold is
-    /// worth making.
+    /// worth making, or when stubbing before the turn tail reaches the target (the tiers
+    /// would then fold nothing: that is the stub plan).
     fn fold_candidate(
         &mut self,
         previous: &Forwarded,
@@ -295,6 +321,13 @@ impl<'a> Pass<'a> {
         if end <= blocks_end || work < min_work.max(1) {
             return Ok(None);
         }
+        let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
+        let mut stubbed = self.plan.clone();
+        stubbed.elide_before(tail0, min, target, &mut self.counter)?;
+        if stubbed.total() <= target {
+            // The tiers stub to the target and fold nothing: a stub plan, priced as one.
+            return Ok(None);
+        }
         // The fold simulated on the plan: the region's work out and a digest's worth of
         // tokens in, then stubs and the cut to the target, as the tiers would make them.
         let mut folded = self.plan.clone();
@@ -302,7 +335,6 @@ impl<'a> Pass<'a> {
         folded.items.iter_mut().filter(|i| in_region(i)).for_each(|i| i.dropped = true);
         let digest = self.cfg.digest_max_tokens;
         folded.fixed += digest;
-        let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
         folded.elide_before(tail0.max(end), min, target, &mut self.counter)?;
         let goals = self.goals(target, self.budget.budget);
         folded.fallback(goals, self.protect, &mut self.counter)?;
@@ -432,8 +464,11 @@ impl<'a> Pass<'a> {
             None => {
                 let region = self.region(blocks_end, end, over.previous);
                 let rules = self.rules(DigestKind::Fold, None);
+                let instructions = self.instructions();
                 let blocks = &mut *self.stored.blocks;
-                Some(fold_after(blocks, absorb, region, self.summarizer, rules, None).await?)
+                let summarizer = self.summarizer;
+                let asked = instructions.as_deref();
+                Some(fold_after(blocks, absorb, region, summarizer, rules, asked).await?)
             }
         };
         match folded.flatten() {
@@ -510,8 +545,10 @@ impl<'a> Pass<'a> {
         }
         let region = self.region(blocks_end, end, over.previous);
         let rules = self.rules(DigestKind::GoalBatch, goal_keeps);
+        let instructions = self.instructions();
         let blocks = &mut *self.stored.blocks;
-        match fold_after(blocks, true, region, self.summarizer, rules, None).await? {
+        let asked = instructions.as_deref();
+        match fold_after(blocks, true, region, self.summarizer, rules, asked).await? {
             Some(folded) => {
                 if self.add_fold(folded, Tier::GoalBatch)? {
                     self.report.goal_batches += 1;
@@ -587,7 +624,7 @@ impl<'a> Pass<'a> {
     }
 
     /// How a new block of `kind` is made.
-    fn rules(&self, kind: DigestKind, goal_keeps: Option<usize>) -> FoldRules {
+    fn rules(&self, kind: DigestKind, goal_keeps: Option<usize>) -> FoldRules<'a> {
         FoldRules {
             max_tokens: self.cfg.digest_max_tokens,
             trail_tokens: self.cfg.trail_max_tokens,
@@ -630,7 +667,7 @@ impl<'a> Pass<'a> {
             return tail0;
         }
         let (msgs, tokens) = (self.src.msgs, self.src.tokens);
-        let keep = Keep::new(msgs, self.cfg);
+        let keep = *self.src.keep;
         let plan = &self.plan;
         let before_blocks: usize =
             plan.items.iter().filter(|i| i.pos < blocks_end).map(|i| i.tokens).sum();

@@ -71,7 +71,7 @@ impl Plan {
         units: &[Unit],
         tokens: &[usize],
         fixed: usize,
-        keep: &Keep,
+        keep: &Keep<'_>,
         counter: &mut Counter<'_>,
     ) -> Result<Self, ModelError> {
         let mut items = Vec::new();
@@ -95,7 +95,7 @@ impl Plan {
                 // user message of an earlier request may be a large one by now.
                 let (kind, originals, folds) = if k >= n_verbatim {
                     (Kind::Digest, 0, (b.end - b.start).saturating_sub(n_verbatim))
-                } else if m.role().is_pinned() {
+                } else if keep.is_pinned(msgs, pos) {
                     (Kind::Pinned, 1, 0)
                 } else {
                     let kind = match keep.class(msgs, pos, tokens[pos]) {
@@ -120,6 +120,7 @@ impl Plan {
         let from = blocks.last().map_or(0, |b| b.end);
         for u in units.iter().filter(|u| u.start >= from) {
             let kind = match u.kind {
+                _ if keep.is_pinned(msgs, u.start) => Kind::Pinned,
                 UnitKind::Pinned => Kind::Pinned,
                 UnitKind::User => match keep.class(msgs, u.start, tokens[u.start]) {
                     Some(UserClass::Task) => Kind::Task,
@@ -145,7 +146,7 @@ impl Plan {
     }
 
     /// Marks the item holding the conversation's last user message (wherever it is).
-    fn mark_last_user(&mut self, msgs: &[Arc<Message>], keep: &Keep) {
+    fn mark_last_user(&mut self, msgs: &[Arc<Message>], keep: &Keep<'_>) {
         let Some(last) = keep.last_user else { return };
         let hash = msgs[last].hash();
         if let Some(item) = self.items.iter_mut().rev().find(|i| {

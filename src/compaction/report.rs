@@ -83,6 +83,12 @@ pub struct Report {
     /// What the prefix rewrite costs beyond reading those tokens from the cache
     /// (`rewritten_tokens` at `1 - cached_price`), in token-equivalents.
     pub rewrite_cost: f64,
+    /// The compaction instructions in force, in merge order, when the request was
+    /// planned (see `super::steer`).
+    pub instructions: Vec<super::steer::Instruction>,
+    /// The messages pin patterns pinned in the request (by index), when it was planned:
+    /// each forwarded byte for byte.
+    pub pinned: Vec<usize>,
     /// Every change made to the original messages, in their order (see
     /// `super::changes`).
     pub changes: Vec<Change>,
@@ -128,6 +134,8 @@ impl Report {
             rewritten_tokens: 0,
             plan: None,
             rewrite_cost: 0.0,
+            instructions: Vec::new(),
+            pinned: Vec::new(),
             changes: Vec::new(),
         }
     }

@@ -14,7 +14,9 @@ use super::fold::{FoldRules, Folded, Region, fold_after};
 use super::keep::Keep;
 use super::plan::Forwarded;
 use super::report::{Report, Tier};
+use super::steer;
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
+use super::units::units;
 use crate::model::{ChatRequest, Message, ModelError};
 use crate::summarizer::{DigestKind, Summarizer};
 
@@ -85,7 +87,8 @@ impl Engine {
             return Ok(None);
         }
         request.readable()?;
-        let keep = Keep::new(msgs, cfg);
+        let pinned = steer::pinned_units(opts.steer.pins.as_deref(), msgs, &units(msgs));
+        let keep = Keep::new(msgs, cfg).with_pins(&pinned);
         let folded = (0..msgs.len()).filter(|&i| !keep.is_verbatim(msgs, &tokens, i)).count();
         if folded == 0 {
             return Ok(None);
@@ -106,7 +109,9 @@ impl Engine {
             kind: DigestKind::Fold,
             goal_keeps: None,
         };
-        let instructions = opts.summary_instructions.as_deref();
+        let steering = opts.steer.instructions(msgs, opts.summary_instructions.as_deref());
+        let instructions = steer::merged(&steering);
+        let instructions = instructions.as_deref();
         let Some(done) = fold_after(&[], false, region, summarizer, rules, instructions).await?
         else {
             return Ok(None);

@@ -50,6 +50,10 @@ pub struct CompactionConfig {
     /// What a prompt token the provider serves from its cache costs against one it
     /// does not: the engine prices each plan with it and takes the cheapest.
     pub cached_price: f64,
+    /// Pin patterns (regular expressions, at most 64 of at most 1024 bytes): a message
+    /// whose text matches is never elided, folded or dropped; it is forwarded byte for
+    /// byte at its place, with the tool call or results it belongs with.
+    pub pin: Vec<String>,
 }
 
 /// What foldgate does with a compaction it computed.
@@ -85,6 +89,7 @@ impl Default for CompactionConfig {
             prefetch: true,
             prefetch_ratio: 0.6,
             cached_price: 0.1,
+            pin: Vec::new(),
         }
     }
 }
@@ -134,6 +139,9 @@ impl CompactionConfig {
                 "compaction.cached_price",
                 format!("{} is outside 0..=1", self.cached_price),
             ));
+        }
+        if let Err(e) = crate::compaction::steer::Pins::new(&self.pin) {
+            return Err(("compaction.pin", e.to_string()));
         }
         if !in_unit(self.floor_max_ratio) {
             return Err((

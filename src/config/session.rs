@@ -148,6 +148,11 @@ pub struct SummarizerConfig {
     /// instruction as its last message, so the provider's prompt cache serves most of the
     /// call; unset: on when neither `model` nor `url` names a separate summarizer.
     pub share_prefix: Option<bool>,
+    /// Compaction instructions for every conversation: the model summarizer follows
+    /// them before its own guide, the extractive digest keeps their bullet lines among
+    /// its standing facts. A conversation's "Compact instructions" section and the
+    /// `x-foldgate-compact-instructions` header follow them.
+    pub instructions: String,
 }
 
 impl SummarizerConfig {
@@ -170,6 +175,7 @@ impl Default for SummarizerConfig {
             cooldown: Duration::from_secs(30),
             max_input_tokens: 24_000,
             share_prefix: None,
+            instructions: String::new(),
         }
     }
 }

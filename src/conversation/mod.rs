@@ -83,6 +83,8 @@ pub struct Overflow<'a> {
     /// Provider tokens per engine token assumed for the model (see
     /// [`Conversations::token_ratio`]).
     pub token_ratio: Option<f64>,
+    /// The instructions and pins the request was planned with.
+    pub steer: &'a crate::compaction::steer::Steer,
 }
 
 /// How conversations are shared with other processes through the store, and how long a
@@ -361,6 +363,7 @@ impl Conversations {
             overflow.planned.map(|r| (r.tokens_after as f64 * r.budget.token_ratio) as usize);
         options.window_cap = overflow.stated.or(rejected).filter(|&n| n > 0);
         options.token_ratio = overflow.token_ratio;
+        options.steer = overflow.steer.clone();
         self.compact(key, request, caller, &options).await
     }
 

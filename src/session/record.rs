@@ -31,6 +31,14 @@ pub const CHANGES_HISTORY: usize = 10;
 pub struct RequestEntry {
     /// When it was decided, in milliseconds since the Unix epoch.
     pub at: u64,
+    /// The compaction instructions in force (past the trigger): where each came from
+    /// and its text (at most 500 characters each here).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instructions: Vec<crate::compaction::steer::Instruction>,
+    /// Messages pin patterns pinned (past the trigger), by index: each forwarded byte
+    /// for byte.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<u32>,
     /// Prompt tokens as received.
     pub tokens_before: u32,
     /// Prompt tokens as forwarded.

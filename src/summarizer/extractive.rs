@@ -28,10 +28,39 @@ impl Summarizer for ExtractiveSummarizer {
     }
 
     async fn summarize(&self, input: SummaryInput<'_>) -> Result<String, SummarizerError> {
-        Ok(match input.kind {
+        let body = match input.kind {
             DigestKind::Fold => digest(input.messages, input.max_tokens),
             DigestKind::GoalBatch => goal_history(input.messages, input.max_tokens),
-        })
+        };
+        Ok(with_instruction_facts(body, input.kind, input.instructions))
+    }
+}
+
+/// `body` with the bullet lines of the compaction instructions in force first among its
+/// standing facts (a goal history's lasting constraints), in a section made for them
+/// when it has none: the extractive digest cannot follow instructions, it keeps them.
+pub fn with_instruction_facts(
+    body: String,
+    kind: DigestKind,
+    instructions: Option<&str>,
+) -> String {
+    let lines = instructions.map(crate::compaction::steer::bullet_lines).unwrap_or_default();
+    if lines.is_empty() {
+        return body;
+    }
+    let title = match kind {
+        DigestKind::Fold => Section::StandingFacts.heading(),
+        DigestKind::GoalBatch => Section::LastingConstraints.heading(),
+    };
+    let facts: String = lines.iter().map(|l| format!("- {l}\n")).collect();
+    let heading = format!("{title}\n");
+    match body.find(&heading) {
+        Some(at) => {
+            let at = at + heading.len();
+            format!("{}{facts}{}", &body[..at], &body[at..])
+        }
+        None if body.is_empty() => format!("{heading}{}", facts.trim_end()),
+        None => format!("{heading}{facts}\n{body}"),
     }
 }
 

@@ -155,8 +155,12 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
             None => Box::new(ExtractiveSummarizer),
         }
     };
+    let mut opts = ReplayOptions::of_args(args);
+    opts.engine.steer = match super::steer_of(&config) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let engine = Engine::new(config.compaction);
-    let opts = ReplayOptions::of_args(args);
     let replay = replay_file_as(api, &args.file, &engine, &summarizer, &opts);
     let (all, total) = match rt.block_on(replay) {
         Ok(r) => r,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Change, Decision, SessionState};
+use crate::compaction::steer::Instruction;
 use crate::session::record::{
     CHANGES_MAX, ChangeEntry, FoldEntry, RequestChanges, RequestEntry, UsageEntry, now_ms,
 };
@@ -78,6 +79,10 @@ impl Inspection {
                 changes.more = small(all.len().saturating_sub(CHANGES_MAX));
             }
             request.why = report.why();
+            request.instructions = (report.instructions.iter())
+                .map(|i| Instruction { text: i.text.chars().take(500).collect(), ..i.clone() })
+                .collect();
+            request.pinned = report.pinned.iter().map(|&i| small(i)).collect();
         }
         if !notes.is_empty() {
             let why = std::mem::take(&mut request.why);

@@ -42,9 +42,11 @@ impl<D: Dialect> Exchange<'_, D> {
         let model_name = model_name.unwrap_or_default();
         self.model_key = model_key(self.place.upstream.name(), &model_name);
         let learned = routes.conversations.learned_window(&self.model_key);
+        let steer = self.steer.clone().unwrap_or_else(|| routes.steer.clone());
         let options = Options {
             window_cap: learned,
             token_ratio: self.token_ratio(&model_name),
+            steer,
             ..Options::default()
         };
         let headers = &self.headers;
@@ -139,7 +141,9 @@ impl<D: Dialect> Exchange<'_, D> {
         let (request, origins) = self.parsed.as_ref()?;
         let token_ratio = self.token_ratio(&self.record.decided.as_ref()?.model_name);
         let decided = self.record.decided.as_mut()?;
-        let overflow = Overflow { stated, planned: decided.decision.report.as_ref(), token_ratio };
+        let steer = self.steer.as_ref().unwrap_or(&self.place.routes.steer);
+        let planned = decided.decision.report.as_ref();
+        let overflow = Overflow { stated, planned, token_ratio, steer };
         self.record.started = std::time::Instant::now();
         let caller = caller(dialect, &self.headers);
         let retry = conversations.retry(&decided.key, request, &caller, overflow).await;
@@ -172,10 +176,12 @@ impl<D: Dialect> Exchange<'_, D> {
         let (request, _) = self.parsed.as_ref()?;
         let token_ratio = self.token_ratio(&self.record.decided.as_ref()?.model_name);
         let decided = self.record.decided.as_mut()?;
+        let steer = self.steer.clone().unwrap_or_else(|| routes.steer.clone());
         let options = Options {
             window_cap: decided.learned,
             token_ratio,
             summary_instructions: instructions,
+            steer,
             ..Options::default()
         };
         let caller = caller(dialect, &self.headers);

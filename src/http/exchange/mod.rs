@@ -54,6 +54,7 @@ use super::session_key::ChainScope;
 use super::session_key::SessionHeaders;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
+use crate::compaction::steer::Steer;
 use crate::config::ServedBy;
 use crate::conversation::Conversations;
 use crate::metrics::{ChainResult, Metrics};
@@ -70,6 +71,9 @@ pub struct CompactedRoutes {
     pub conversations: Conversations,
     /// The headers naming a conversation (`session.header`).
     pub session_header: SessionHeaders,
+    /// `summarizer.instructions` and `compaction.pin`, which a request's
+    /// `x-foldgate-compact-instructions` and `x-foldgate-pin` add to.
+    pub steer: Steer,
     /// `compaction.enabled`.
     pub enabled: bool,
     /// The session inspector, when on (`admin.listen`): every request is recorded.
@@ -161,6 +165,9 @@ pub struct Exchange<'a, D: Dialect> {
     parsed: Option<(Arc<ChatRequest>, D::Origins)>,
     /// The request's key among learned windows.
     model_key: String,
+    /// What the request's headers add to the operator's instructions and pins, once
+    /// read (`None`: nothing).
+    steer: Option<Steer>,
     /// What is learned on the way, for the recorder.
     record: Record,
 }
@@ -228,6 +235,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             as_received: None,
             parsed: None,
             model_key: String::new(),
+            steer: None,
             record,
         })
     }
@@ -251,6 +259,8 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             self.headers = self.parts.headers.clone();
             return self.untaken().await;
         }
+        self.steer = steer_of(&self.place.routes.steer, &self.parts.headers)
+            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
         let mut serve = self.foldgate_serves();
         loop {
             let may_refuse = self.prepare(serve)?;
@@ -480,4 +490,23 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         }
         record.watch(response, upstream, ends)
     }
+}
+
+/// Compaction instructions for one conversation (`x-foldgate-compact-instructions`).
+pub const INSTRUCTIONS_HEADER: &str = "x-foldgate-compact-instructions";
+/// Pin patterns for one conversation (`x-foldgate-pin`: one per line or a JSON array).
+pub const PIN_HEADER: &str = "x-foldgate-pin";
+
+/// The operator's settings with what `headers` add; `None` when they add nothing. An
+/// error names a pin pattern that cannot be used (the client gets a 400).
+fn steer_of(
+    operator: &Steer,
+    headers: &http::HeaderMap,
+) -> Result<Option<Steer>, crate::compaction::steer::PinError> {
+    let text = |name: &str| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
+    let (instructions, pins) = (text(INSTRUCTIONS_HEADER), text(PIN_HEADER));
+    if instructions.is_none() && pins.is_none() {
+        return Ok(None);
+    }
+    operator.with_request(instructions.as_deref(), pins.as_deref()).map(Some)
 }

@@ -158,10 +158,14 @@ pub fn shared_instruction(input: &SummaryInput<'_>) -> String {
     )
 }
 
-/// What the client asked of the digest besides, quoted after the rules (empty without).
+/// The compaction instructions in force (the operator's, the conversation's, the
+/// request's), quoted after the rules, which they outrank (empty without).
 fn client_instructions(input: &SummaryInput<'_>) -> String {
     match input.instructions.map(str::trim).filter(|i| !i.is_empty()) {
-        Some(text) => format!("\nFor this summary the user also asked:\n<<<\n{text}\n>>>\n"),
+        Some(text) => format!(
+            "\nCompaction instructions from the user. Follow them; where they differ from the \
+             rules above, they take precedence:\n<<<\n{text}\n>>>\n"
+        ),
         None => String::new(),
     }
 }
