@@ -8,8 +8,8 @@
 use std::sync::OnceLock;
 
 use crate::vocab::{
-    CompactionApi, ContentCoding, FailureReason, Outcome, RewriteReason, StoreOp, SummarizerKind,
-    Tier,
+    CompactionApi, ContentCoding, FailureReason, InstructionSource, Outcome, RewriteReason,
+    StoreOp, SummarizerKind, Tier,
 };
 
 use prometheus::{
@@ -230,6 +230,18 @@ const PREFIX_REWRITE_COST: Spec = Spec {
     name: "prefix_rewrite_cost_total",
     help: "Estimated cost of those rewrites beyond reading the same tokens from the provider's cache, in token-equivalents (rewritten tokens x (1 - compaction.cached_price)), by why.",
     labels: &["reason"],
+};
+
+const COMPACTION_INSTRUCTIONS: Spec = Spec {
+    name: "compaction_instructions_total",
+    help: "Requests planned over the trigger (or with stored folds) with compaction instructions in force, by where they came from: config (summarizer.instructions), conversation (a Compact instructions section), header (x-foldgate-compact-instructions), request (a compaction API's own instructions).",
+    labels: &["source"],
+};
+
+const PINNED_MESSAGES: Spec = Spec {
+    name: "pinned_messages_total",
+    help: "Messages pin patterns pinned (compaction.pin, x-foldgate-pin), summed over compacted requests: each forwarded byte for byte.",
+    labels: &[],
 };
 
 const PROMPT_TOKENS_AFTER: Spec = Spec {
@@ -535,6 +547,10 @@ pub struct Metrics {
     pub prompt_tokens_rewritten: IntCounterVec,
     /// Prefix rewrites by reason.
     prefix_rewrites: IntCounterVec,
+    /// `foldgate_compaction_instructions_total{source}`.
+    compaction_instructions: IntCounterVec,
+    /// `foldgate_pinned_messages_total`.
+    pinned_messages: IntCounterVec,
     /// Their estimated cost by reason.
     prefix_rewrite_cost: IntCounterVec,
     /// Token usage by team, when counted by team.
@@ -670,6 +686,8 @@ impl Metrics {
             team_tokens: r.counter(&TEAM_TOKENS)?,
             prompt_tokens_rewritten: r.counter(&PROMPT_TOKENS_REWRITTEN)?,
             prefix_rewrites: r.counter(&PREFIX_REWRITES)?,
+            compaction_instructions: r.counter(&COMPACTION_INSTRUCTIONS)?,
+            pinned_messages: r.counter(&PINNED_MESSAGES)?,
             prefix_rewrite_cost: r.counter(&PREFIX_REWRITE_COST)?,
             teams: None,
             registry,
@@ -726,6 +744,10 @@ impl Metrics {
             self.prefix_rewrites.with_label_values(&[reason.as_str()]);
             self.prefix_rewrite_cost.with_label_values(&[reason.as_str()]);
         }
+        for source in InstructionSource::ALL {
+            self.compaction_instructions.with_label_values(&[source.as_str()]);
+        }
+        self.pinned_messages.with_label_values(&[] as &[&str]);
         for api in CompactionApi::ALL {
             for served_by in ["upstream", "foldgate"] {
                 self.provider_compactions.with_label_values(&[api.as_str(), served_by]);
@@ -868,6 +890,17 @@ impl Metrics {
         let label = [reason.as_str()];
         self.prefix_rewrites.with_label_values(&label).inc();
         self.prefix_rewrite_cost.with_label_values(&label).inc_by(cost.max(0.0).round() as u64);
+    }
+
+    /// Counts one planned request's compaction instructions, by source, and the
+    /// messages pins kept in it.
+    pub fn steered(&self, sources: impl Iterator<Item = InstructionSource>, pinned: usize) {
+        for source in sources {
+            self.compaction_instructions.with_label_values(&[source.as_str()]).inc();
+        }
+        if pinned > 0 {
+            self.pinned_messages.with_label_values(&[] as &[&str]).inc_by(pinned as u64);
+        }
     }
 
     /// Counts one compaction by highest tier applied and outcome.

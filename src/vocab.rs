@@ -222,6 +222,35 @@ impl RewriteReason {
     }
 }
 
+/// Where one piece of compaction instructions came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstructionSource {
+    /// `summarizer.instructions`: the operator's, for every conversation.
+    Config,
+    /// A "Compact instructions" section of the conversation itself.
+    Conversation,
+    /// The `x-foldgate-compact-instructions` request header.
+    Header,
+    /// A compaction API's own `instructions` (Responses compact, Anthropic compaction).
+    Request,
+}
+
+impl InstructionSource {
+    /// Every source, in merge order (for metric registration).
+    pub const ALL: [Self; 4] = [Self::Config, Self::Conversation, Self::Header, Self::Request];
+
+    /// The label: `config`, `conversation`, `header`, `request`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Config => "config",
+            Self::Conversation => "conversation",
+            Self::Header => "header",
+            Self::Request => "request",
+        }
+    }
+}
+
 /// Why a summarizer call failed: a small closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureReason {

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::priced::dev_traces;
-use foldgate::commands::replay::Conversation;
+use foldgate::commands::replay::{Conversation, replay_conversation};
 use foldgate::compaction::steer::Steer;
 use foldgate::compaction::{Engine, Forward, Options, SessionState, TokenCache, check};
 use foldgate::config::CompactionConfig;
@@ -17,7 +17,7 @@ use foldgate::model::{ChatRequest, Message, Role, is_observation};
 use foldgate::summarizer::ExtractiveSummarizer;
 use serde_json::Value;
 
-/// The first tool output of at least 200 characters among the first third of the
+/// The first tool output of 200 to 2,000 characters among the first third of the
 /// conversation's messages, and a pattern that matches it (an escaped slice of its text).
 fn early_output(msgs: &[Arc<Message>]) -> Option<(usize, String)> {
     let third = msgs.len() / 3;
@@ -25,7 +25,7 @@ fn early_output(msgs: &[Arc<Message>]) -> Option<(usize, String)> {
         let m = &msgs[i];
         let output = m.role() == Role::Tool || is_observation(msgs, i);
         let text = m.text();
-        if !output || text.len() < 200 {
+        if !output || text.len() < 200 || text.len() > 2000 {
             return None;
         }
         let slice: String = text.chars().skip(20).take(60).collect();
@@ -38,8 +38,9 @@ async fn a_pinned_early_output_is_forwarded_byte_for_byte_in_every_later_request
     let text = std::fs::read_to_string(dev_traces()).unwrap();
     let engine = Engine::new(CompactionConfig::default());
     for window in [8_000, 16_000] {
-        let (mut pinned_conversations, mut checked, mut compacted, mut turn_cut) = (0, 0, 0, 0);
+        let (mut pinned_conversations, mut checked, mut compacted) = (0, 0, 0);
         let mut sent_whole = 0;
+        let mut cost = (0.0, 0.0, 0.0);
         let (mut with_pins, mut without) = (0u64, 0u64);
         for line in text.lines() {
             let record: Value = serde_json::from_str(line).unwrap();
@@ -48,8 +49,16 @@ async fn a_pinned_early_output_is_forwarded_byte_for_byte_in_every_later_request
             let Some((at, pattern)) = early_output(&conv.messages) else { continue };
             pinned_conversations += 1;
             let steer = Steer::new("", &[pattern]).unwrap();
+            let pins = steer.pins.clone().unwrap();
             let pinned = Options { window_cap: Some(window), steer, ..Options::default() };
             let plain = Options { window_cap: Some(window), ..Options::default() };
+            let s = ExtractiveSummarizer;
+            let priced = replay_conversation(&engine, &conv, &s, &pinned).await.unwrap();
+            assert_eq!(priced.violation_count(), 0, "{}: {:?}", conv.id, priced.first_violation);
+            let plain_priced = replay_conversation(&engine, &conv, &s, &plain).await.unwrap();
+            cost.0 += priced.cost(0.1);
+            cost.1 += plain_priced.cost(0.1);
+            cost.2 += priced.cost_whole(0.1);
             let (mut state, mut plain_state) = (SessionState::default(), SessionState::default());
             for (i, m) in conv.messages.iter().enumerate() {
                 if i <= at || m.role() != Role::Assistant {
@@ -64,7 +73,7 @@ async fn a_pinned_early_output_is_forwarded_byte_for_byte_in_every_later_request
                 without += base.report().tokens_after as u64;
                 let out = match out {
                     Ok(out) => out,
-                    // Pins over the floor: forwarded as sent, which keeps the pin too.
+                    // Pins that do not fit at all: forwarded as sent, which keeps the pin too.
                     Err(e) => {
                         assert!(e.to_string().contains("pinned"), "{e}");
                         with_pins += base.report().tokens_before as u64;
@@ -83,23 +92,22 @@ async fn a_pinned_early_output_is_forwarded_byte_for_byte_in_every_later_request
                 );
                 assert!(report.pinned.contains(&at), "{}: {:?}", conv.id, report.pinned);
                 let mut cache = TokenCache::default();
-                let violations =
-                    check::verify(&request, fwd, engine.config(), &report.budget, &mut cache);
-                // Guarantee 5 (the current turn intact) is judged without the room the
-                // pins take before the turn: with them the turn may no longer fit beside
-                // what must stay, and is then cut. Counted, not failed.
-                turn_cut += violations.iter().filter(|v| v.check == 5).count();
-                let other: Vec<_> = violations.iter().filter(|v| v.check != 5).collect();
-                assert!(other.is_empty(), "{}: {other:?}", conv.id);
+                let (cfg, budget, pins) = (engine.config(), &report.budget, Some(&*pins));
+                let violations = check::verify_pinned(&request, fwd, cfg, budget, &mut cache, pins);
+                assert!(violations.is_empty(), "{}: {violations:?}", conv.id);
                 checked += 1;
             }
         }
         println!(
             "{window}: {pinned_conversations} conversations pinned, {compacted} compacted \
-             requests checked ({turn_cut} with the current turn cut beside the pins, \
-             {sent_whole} sent whole: pins over the floor); \
-             forwarded tokens with pins {with_pins}, without {without} ({:.3}x)",
-            with_pins as f64 / without.max(1) as f64
+             requests checked ({sent_whole} sent whole: pins do not fit); \
+             forwarded tokens with pins {with_pins}, without {without} ({:.3}x); cost with \
+             pins {:.0}, without {:.0} ({:.3}x), sending everything whole {:.0}",
+            with_pins as f64 / without.max(1) as f64,
+            cost.0,
+            cost.1,
+            cost.0 / cost.1,
+            cost.2
         );
         assert!(pinned_conversations > 100 && checked > 300, "{pinned_conversations} {checked}");
     }

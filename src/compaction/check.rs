@@ -21,7 +21,9 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::budget::Budget;
+use super::steer::{Pins, pinned_units};
 use super::tokens::{Counter, REPLY_PRIMING, TokenCache};
+use super::units::units;
 use crate::config::CompactionConfig;
 use crate::model::{ChatRequest, Message, Role, call_parts, is_user_words};
 
@@ -42,6 +44,20 @@ pub fn verify(
     budget: &Budget,
     cache: &mut TokenCache,
 ) -> Vec<Violation> {
+    verify_pinned(original, forwarded, cfg, budget, cache, None)
+}
+
+/// [`verify`] for a request planned with pin patterns: the messages they pin (with
+/// their units) are forwarded byte for byte and in order (guarantee 3), and take room
+/// like the pinned system messages (guarantees 2 and 5).
+pub fn verify_pinned(
+    original: &ChatRequest,
+    forwarded: &ChatRequest,
+    cfg: &CompactionConfig,
+    budget: &Budget,
+    cache: &mut TokenCache,
+    pins: Option<&Pins>,
+) -> Vec<Violation> {
     let mut out = Vec::new();
     let orig = original.messages();
     let fwd = forwarded.messages();
@@ -52,12 +68,21 @@ pub fn verify(
             out.push(Violation { check: 1, detail });
         }
     }
-    let essentials = Essentials::of(original, &mut counter);
+    let pattern = pinned_units(pins, orig, &units(orig));
+    let essentials = Essentials::of(original, &pattern, &mut counter);
     let (guaranteed, missing) = check_user_words(orig, fwd, cfg, budget, &essentials, &mut counter);
     out.extend(missing);
     out.extend(check_pinned(fwd, &essentials.pinned));
+    let by_pattern: Vec<&Arc<Message>> =
+        orig.iter().zip(&pattern).filter(|(_, p)| **p).map(|(m, _)| m).collect();
+    if let Some(missing) = first_missing_subsequence(&by_pattern, fwd) {
+        out.push(Violation {
+            check: 3,
+            detail: format!("pinned message {missing} not forwarded byte for byte in order"),
+        });
+    }
     if let Some(start) = essentials.last_user {
-        let besides = essentials.fixed + guaranteed.tokens;
+        let besides = essentials.fixed + guaranteed.tokens + essentials.pattern_before(start);
         out.extend(check_current_turn(orig, fwd, start, besides, budget, &mut counter));
     }
     if essentials.tokens <= budget.budget {
@@ -75,20 +100,31 @@ struct Essentials<'o> {
     pinned: Vec<&'o Arc<Message>>,
     /// Index of the original's last user message (the user's words), if any.
     last_user: Option<usize>,
-    /// Tokens of all of them together.
+    /// Tokens of all of them together (and of the messages pin patterns pin).
     tokens: usize,
+    /// Tokens of each message a pin pattern pins, by index (0 for the others).
+    pattern: Vec<usize>,
 }
 
 impl<'o> Essentials<'o> {
-    /// The essentials of `original`, counted.
-    fn of(original: &'o ChatRequest, counter: &mut Counter<'_>) -> Self {
+    /// The essentials of `original`, counted, with the messages `pattern` flags.
+    fn of(original: &'o ChatRequest, pattern: &[bool], counter: &mut Counter<'_>) -> Self {
         let orig = original.messages();
         let fixed = counter.tools(original.tools_raw()) + REPLY_PRIMING;
         let pinned: Vec<&Arc<Message>> = orig.iter().filter(|m| m.role().is_pinned()).collect();
         let pinned_tokens: usize = pinned.iter().map(|m| counter.message(m)).sum();
+        let pattern: Vec<usize> = (orig.iter().zip(pattern))
+            .map(|(m, &p)| if p { counter.message(m) } else { 0 })
+            .collect();
         let last_user = (0..orig.len()).rfind(|&i| is_user_words(orig, i));
         let last_user_tokens = last_user.map_or(0, |i| counter.message(&orig[i]));
-        Self { fixed, pinned, last_user, tokens: fixed + pinned_tokens + last_user_tokens }
+        let tokens = fixed + pinned_tokens + last_user_tokens + pattern.iter().sum::<usize>();
+        Self { fixed, pinned, last_user, tokens, pattern }
+    }
+
+    /// Tokens of the messages pin patterns pin before message `start`.
+    fn pattern_before(&self, start: usize) -> usize {
+        self.pattern.iter().take(start).sum()
     }
 }
 
@@ -112,7 +148,8 @@ fn check_user_words(
         .collect();
     let sizes = small.iter().filter(|(i, _, _)| Some(*i) != last_user).map(|(_, _, t)| *t);
     let room = budget.budget.saturating_sub(essentials.tokens);
-    let guaranteed = SmallGuarantee::of(sizes, budget.floor, room);
+    let floor = budget.floor.saturating_sub(essentials.pattern.iter().sum::<usize>());
+    let guaranteed = SmallGuarantee::of(sizes, floor, room);
     let wanted: Vec<&Arc<Message>> = small
         .iter()
         .filter(|(i, _, t)| Some(*i) == last_user || guaranteed.covers(*t))

@@ -126,6 +126,13 @@ impl Engine {
         Some(report)
     }
 
+    /// The report of `request` forwarded as it was sent (an error made the engine stop),
+    /// planned with `opts`: its budget, its tokens left to count.
+    pub fn unplanned(&self, request: &ChatRequest, opts: &Options) -> Report {
+        let budget = Budget::of(request, &self.cfg, opts);
+        Report::new(budget, opts.force, request.messages().len(), 0, 0)
+    }
+
     /// Exact prompt tokens of `request` (messages, tool definitions, reply priming).
     pub fn count_prompt(
         &self,

@@ -65,6 +65,15 @@ impl<'p> Keep<'p> {
         msgs[i].role().is_pinned() || self.pinned.get(i).copied().unwrap_or(false)
     }
 
+    /// What no compaction can take out: `fixed` (tools, priming), the pinned messages
+    /// and the last user message.
+    pub fn essentials(&self, msgs: &[Arc<Message>], tokens: &[usize], fixed: usize) -> usize {
+        let pinned: usize =
+            (0..msgs.len()).filter(|&i| self.is_pinned(msgs, i)).map(|i| tokens[i]).sum();
+        let last = self.last_user.filter(|&i| !self.is_pinned(msgs, i)).map_or(0, |i| tokens[i]);
+        fixed + pinned + last
+    }
+
     /// Tokens of the messages a pattern pins (not those pinned by their role).
     pub fn pattern_pinned_tokens(&self, tokens: &[usize]) -> usize {
         self.pinned.iter().zip(tokens).filter(|(p, _)| **p).map(|(_, t)| t).sum()
@@ -148,7 +157,9 @@ impl<'p> Keep<'p> {
             }
         }
         let room = budget.budget.saturating_sub(essentials);
-        SmallGuarantee::of(small.into_iter(), budget.floor, room)
+        // Pins count against the floor like the small user messages kept verbatim.
+        let floor = budget.floor.saturating_sub(self.pattern_pinned_tokens(tokens));
+        SmallGuarantee::of(small.into_iter(), floor, room)
     }
 
     /// Tokens of what folding `[start, end)` would replace.

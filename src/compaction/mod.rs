@@ -44,15 +44,17 @@ pub enum CompactionError {
     /// The body is not a chat request the engine understands.
     #[error(transparent)]
     Model(#[from] ModelError),
-    /// The messages pin patterns pin take more than the floor: nothing may be folded in
-    /// their place, so the request goes as sent.
+    /// The messages pin patterns pin do not fit the budget beside what no compaction
+    /// takes out: nothing may be folded in their place, so the request goes as sent.
     #[error(
-        "pinned messages take {pinned} tokens, more than the floor of {floor} (compaction.floor_max_ratio); the request goes as sent"
+        "pinned messages take {pinned} tokens; with the tools, system messages and last user message that is {essentials}, more than the prompt budget of {budget}: the request goes as sent"
     )]
-    PinsOverFloor {
-        /// Tokens of the pinned messages.
+    PinsDoNotFit {
+        /// Tokens of the messages pin patterns pin.
         pinned: usize,
-        /// The floor.
-        floor: usize,
+        /// With the tools, priming, system messages and last user message.
+        essentials: usize,
+        /// The prompt budget.
+        budget: usize,
     },
 }

@@ -182,9 +182,9 @@ impl<'a> Pass<'a> {
     }
 
     /// The instructions in force and the pinned messages, into the report; an error
-    /// when, past the trigger, the messages pin patterns pin take more than the floor
-    /// (they count against it like the small user messages kept verbatim): the request
-    /// then goes as sent.
+    /// when, past the trigger, the pinned messages beside what no compaction takes out
+    /// (tools, system messages, the last user message) do not fit the budget: the
+    /// request then goes as sent.
     fn steered(&mut self) -> Result<(), CompactionError> {
         let src = &self.src;
         let summary = self.opts.summary_instructions.as_deref();
@@ -192,9 +192,11 @@ impl<'a> Pass<'a> {
         self.report.pinned =
             (src.keep.pinned.iter().enumerate()).filter(|(_, p)| **p).map(|(i, _)| i).collect();
         let pinned = src.keep.pattern_pinned_tokens(src.tokens);
+        let essentials = src.keep.essentials(src.msgs, src.tokens, src.fixed);
         let over = self.opts.force || self.report.tokens_before > self.budget.trigger;
-        if over && pinned > self.budget.floor {
-            return Err(CompactionError::PinsOverFloor { pinned, floor: self.budget.floor });
+        if over && pinned > 0 && essentials > self.budget.budget {
+            let budget = self.budget.budget;
+            return Err(CompactionError::PinsDoNotFit { pinned, essentials, budget });
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ use regex::{RegexSet, RegexSetBuilder};
 use super::blocks::FoldBlock;
 use super::units::Unit;
 use crate::model::{Message, Role};
+pub use crate::vocab::InstructionSource;
 
 /// At most this many pin patterns (configuration and header together).
 pub const MAX_PINS: usize = 64;
@@ -26,32 +27,6 @@ pub const MAX_PIN_BYTES: usize = 1024;
 const PIN_SIZE_LIMIT: usize = 1 << 20;
 /// Merged instructions are cut to about this many tokens (about four bytes each).
 pub const INSTRUCTIONS_MAX_TOKENS: usize = 1000;
-
-/// Where one piece of compaction instructions came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InstructionSource {
-    /// `summarizer.instructions`: the operator's, for every conversation.
-    Config,
-    /// A "Compact instructions" section of the conversation itself.
-    Conversation,
-    /// The `x-foldgate-compact-instructions` request header.
-    Header,
-    /// A compaction API's own `instructions` (Responses compact, Anthropic compaction).
-    Request,
-}
-
-impl InstructionSource {
-    /// The source's name, as the inspector and metrics show it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Config => "config",
-            Self::Conversation => "conversation",
-            Self::Header => "header",
-            Self::Request => "request",
-        }
-    }
-}
 
 /// One piece of compaction instructions and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -290,6 +290,8 @@ impl Record {
                 metrics.prefix_rewrite(reason, report.rewrite_cost);
             }
         }
+        let pinned = if decision.outcome.engine_compacted() { report.pinned.len() } else { 0 };
+        metrics.steered(report.instructions.iter().map(|i| i.source), pinned);
         if decision.outcome.engine_compacted() && before > 0 {
             metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
             metrics.fold_wait.observe(decision.fold_wait.as_secs_f64());

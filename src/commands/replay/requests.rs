@@ -11,9 +11,12 @@ use sha2::{Digest, Sha256};
 use super::{Conversation, ReplayError, ReplayStats};
 use crate::commands::cost::{Meter, Prompt};
 use crate::commands::trail_check;
-use crate::compaction::check::verify;
+use crate::compaction::check::verify_pinned;
+use crate::compaction::steer::Pins;
 use crate::compaction::tokens::{Counter, Encoding};
-use crate::compaction::{Budget, Engine, Forward, Options, SessionState, TokenCache};
+use crate::compaction::{
+    Budget, CompactionError, Engine, Forward, Options, SessionState, TokenCache,
+};
 use crate::model::{ChatRequest, Message, Role, is_user_words};
 use crate::summarizer::{ModelPrompt, Summarizer, SummarizerError, SummaryInput};
 
@@ -51,6 +54,7 @@ pub async fn replay_conversation(
     opts: &Options,
 ) -> Result<ReplayStats, ReplayError> {
     let mut replay = Replay::new(engine, conv);
+    replay.pins = opts.steer.pins.clone();
     let engine_err = |source| ReplayError::Engine { id: conv.id.clone(), source };
     let metered = Metered { inner: summarizer, prompts: Mutex::new(Vec::new()) };
     for (i, m) in conv.messages.iter().enumerate() {
@@ -62,10 +66,16 @@ pub async fn replay_conversation(
         }
         let request = ChatRequest::from_parts(&conv.fields, conv.messages[..i].to_vec())
             .map_err(|e| engine_err(e.into()))?;
-        let outcome = engine
-            .compact_request(&request, &mut replay.state, &metered, opts)
-            .await
-            .map_err(engine_err)?;
+        let outcome =
+            match engine.compact_request(&request, &mut replay.state, &metered, opts).await {
+                Ok(outcome) => outcome,
+                // Pinned messages that cannot fit: the request goes as sent (failed open).
+                Err(CompactionError::PinsDoNotFit { .. }) => {
+                    replay.stats.sent_whole += 1;
+                    Forward::Unchanged { report: engine.unplanned(&request, opts) }
+                }
+                Err(e) => return Err(engine_err(e)),
+            };
         replay.account(i, &request, &outcome, &metered);
     }
     Ok(replay.finish())
@@ -89,6 +99,8 @@ struct Replay<'e> {
     named: BTreeSet<String>,
     /// Every forwarded body so far, each after its length.
     bodies: Sha256,
+    /// The pin patterns the requests are planned with (for the guarantees' check).
+    pins: Option<Arc<Pins>>,
 }
 
 impl<'e> Replay<'e> {
@@ -108,6 +120,7 @@ impl<'e> Replay<'e> {
             prices: TokenCache::default(),
             named: BTreeSet::new(),
             bodies: Sha256::new(),
+            pins: None,
         }
     }
 
@@ -209,7 +222,8 @@ impl<'e> Replay<'e> {
     fn check(&mut self, i: usize, request: &ChatRequest, forwarded: &ChatRequest, budget: &Budget) {
         let config = self.engine.config();
         let stats = &mut self.stats;
-        for v in verify(request, forwarded, config, budget, &mut self.state.token_cache) {
+        let (cache, pins) = (&mut self.state.token_cache, self.pins.as_deref());
+        for v in verify_pinned(request, forwarded, config, budget, cache, pins) {
             *stats.violations.entry(v.check).or_default() += 1;
             if stats.first_violation.is_none() {
                 stats.first_violation =

@@ -20,6 +20,8 @@ pub struct ReplayStats {
     pub requests: usize,
     /// Requests the engine changed.
     pub compacted: usize,
+    /// Requests sent as they were because their pinned messages could not fit.
+    pub sent_whole: usize,
     /// Largest prompt of the original requests.
     pub peak_before: usize,
     /// Largest prompt forwarded.
@@ -104,6 +106,7 @@ impl ReplayStats {
         self.conversations += o.conversations;
         self.requests += o.requests;
         self.compacted += o.compacted;
+        self.sent_whole += o.sent_whole;
         self.peak_before = self.peak_before.max(o.peak_before);
         self.peak_after = self.peak_after.max(o.peak_after);
         self.tokens_before += o.tokens_before;

@@ -84,6 +84,10 @@ impl Inspection {
                 .collect();
             request.pinned = report.pinned.iter().map(|&i| small(i)).collect();
         }
+        if let (None, Some(error)) = (&decision.report, &decision.error) {
+            // Failed open: the reason is the why.
+            request.why.clone_from(error);
+        }
         if !notes.is_empty() {
             let why = std::mem::take(&mut request.why);
             request.why = notes
