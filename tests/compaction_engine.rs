@@ -358,9 +358,10 @@ fn a_goal_batch_is_reused_byte_for_byte() {
 
 /// A text-mode session (mini-swe-agent: every command's output arrives as a `user`
 /// message) replayed through the engine at a 16k window, one request per assistant
-/// message: the outputs are recognised as tool output and folded, so cuts alone (stubs,
-/// tier 1, or drops, tier 4) serve few of the compacted requests. Taken for the user's words, the small
-/// outputs would fill the verbatim floor and the fallback would serve most of them.
+/// message: the outputs are recognised as tool output, stubbed or folded as the priced
+/// plan takes them, so drops (tier 4) serve few of the compacted requests and folds are
+/// made. Taken for the user's words, the outputs could be neither stubbed nor folded: they
+/// would fill the verbatim floor and the fallback would serve most of them.
 #[test]
 fn a_text_mode_session_rarely_falls_back_to_tier_4() {
     let msgs = sessions::text_mode_session(5, 60_000);
@@ -377,11 +378,12 @@ fn a_text_mode_session_rarely_falls_back_to_tier_4() {
         }
     }
     println!("{compacted} compacted requests by tier: {tiers:?}");
-    let fallback = tiers.get(&1).copied().unwrap_or(0) + tiers.get(&4).copied().unwrap_or(0);
+    let dropped = tiers.get(&4).copied().unwrap_or(0);
     assert!(compacted >= 40, "the session was compacted: {compacted} requests ({tiers:?})");
+    assert!(tiers.get(&2).copied().unwrap_or(0) > 0, "no fold: {tiers:?}");
     assert!(
-        fallback * 5 <= compacted,
-        "cuts alone served {fallback} of {compacted} compacted requests: {tiers:?}"
+        dropped * 5 <= compacted,
+        "drops served {dropped} of {compacted} compacted requests: {tiers:?}"
     );
 }
 
@@ -460,4 +462,53 @@ fn a_current_turn_the_fallback_cannot_cut_is_not_reported_as_tier_4() {
     );
     assert!(matches!(out, Forward::Unchanged { .. }), "{report:?}");
     assert_eq!((report.tier.number(), report.dropped, report.elided), (0, 0, 0), "{report:?}");
+}
+
+/// Counts its calls; its digests are short.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+#[async_trait]
+impl Summarizer for Counting {
+    fn kind(&self) -> foldgate::summarizer::SummarizerKind {
+        foldgate::summarizer::SummarizerKind::Llm
+    }
+    async fn summarize(&self, _: SummaryInput<'_>) -> Result<String, SummarizerError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok("## Milestones\n- I read the modules.".to_owned())
+    }
+}
+
+#[test]
+fn a_fold_whose_digest_the_fallback_would_drop_is_not_summarized() {
+    // Early work, then a live turn that is over the target by itself but fits: folding
+    // the early work would leave the prompt over the target, and the fallback would drop
+    // the new digest with it. The early work is cut, and no summarizer is called.
+    let mut msgs = live_turn(5, 300);
+    msgs.push(
+        json!({"role": "user", "content": "Now run the whole test suite and fix what fails."}),
+    );
+    for r in 0..7 {
+        msgs.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_2", "type": "function",
+            "function": {"name": "run", "arguments": format!("{{\"cmd\":\"cargo test part_{r}\"}}")}}]}));
+        msgs.push(json!({"role": "tool", "tool_call_id": "call_2", "content": words(300, "t")}));
+    }
+    let body =
+        serde_json::to_vec(&json!({"model": "gpt-4o", "messages": msgs, "max_tokens": 1000}))
+            .unwrap();
+    let engine = Engine::new(folding(2));
+    let counting = Counting(std::sync::atomic::AtomicUsize::new(0));
+    let out = run(&engine, &body, &mut SessionState::default(), &counting, &window(8000));
+    let report = out.report();
+    assert!(report.tokens_before > report.budget.fit_limit(), "{report:?}");
+    assert!(report.fits, "{report:?}");
+    assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 0, "{report:?}");
+    assert_eq!(report.blocks_new, 0);
+    let forwarded = compacted(&out);
+    // The live turn is forwarded whole.
+    let turn = msgs.len() - 15;
+    assert!(forwarded.messages().len() >= 15);
+    let tail = &forwarded.messages()[forwarded.messages().len() - 15..];
+    for (m, original) in tail.iter().zip(&msgs[turn..]) {
+        assert_eq!(serde_json::from_str::<Value>(m.raw()).unwrap(), *original);
+    }
 }

@@ -16,8 +16,8 @@ use common::priced::dev_traces;
 use common::{MockUpstream, Proxy, send};
 use foldgate::commands::replay::Conversation;
 use foldgate::compaction::steer::Steer;
-use foldgate::compaction::{Engine, Forward, Options, SessionState};
-use foldgate::config::{CompactionConfig, Config};
+use foldgate::compaction::{Engine, FoldWhen, Forward, Options, SessionState};
+use foldgate::config::{CompactionConfig, Config, Secret};
 use foldgate::model::{ChatRequest, Role};
 use foldgate::summarizer::ExtractiveSummarizer;
 use http::StatusCode;
@@ -173,11 +173,28 @@ async fn pinned_messages_and_instructions_are_counted() {
     let slice: String = output.chars().skip(10).take(50).collect();
     let mut config = chat_config(&mock.url());
     config.compaction.pin = vec![regex::escape(&slice)];
+    config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    config.admin.token = Secret::new("admin-token");
     let proxy = Proxy::start(config).await;
+    let mut key = String::new();
     for body in bodies(&record) {
         let request = chat_request(&proxy, body, "Bearer sk-steer", "steer-3");
-        assert_eq!(send(request).await.0, StatusCode::OK);
+        let (status, headers, _) = send(request).await;
+        assert_eq!(status, StatusCode::OK);
+        key = headers["x-foldgate-session"].to_str().unwrap().to_owned();
     }
+    // The inspector shows the instructions in force and the pinned messages (the
+    // command's output and the command itself, one unit).
+    let url = format!("http://{}/sessions/{key}", proxy.admin_addr.unwrap());
+    let inspect = http::Request::get(url).header("authorization", "Bearer admin-token");
+    let (status, _, session) = send(inspect.body(common::full("")).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    let session: Value = serde_json::from_slice(&session).unwrap();
+    let recent = session["recent"].as_array().unwrap();
+    let planned = recent.iter().rfind(|r| r.get("pinned").is_some()).expect("a planned request");
+    assert_eq!(planned["pinned"], json!([2, 3]), "{planned}");
+    assert_eq!(planned["instructions"][0]["source"], "conversation", "{planned}");
+    assert_eq!(planned["instructions"][0]["text"], SECTION);
     let scrape = http::Request::get(proxy.url("/metrics")).body(common::full("")).unwrap();
     let (_, _, text) = send(scrape).await;
     let text = String::from_utf8(text.to_vec()).unwrap();
@@ -188,4 +205,25 @@ async fn pinned_messages_and_instructions_are_counted() {
     assert!(value("foldgate_pinned_messages_total") > 0.0, "{text}");
     assert!(value("foldgate_compaction_instructions_total{source=\"conversation\"}") > 0.0);
     assert_eq!(value("foldgate_compaction_instructions_total{source=\"header\"}"), 0.0);
+}
+
+#[tokio::test]
+async fn a_compaction_api_s_whole_fold_uses_the_same_merge_with_its_own_instructions_last() {
+    let record = recorded("tau-bench");
+    let conv = Conversation::from_record(&record, 0, None).unwrap();
+    let request = ChatRequest::from_parts(&conv.fields, conv.messages.clone()).unwrap();
+    let engine = Engine::new(CompactionConfig::default());
+    let steer = Steer::new(&format!("- {OPERATOR}"), &[]).unwrap();
+    let steer = steer.with_request(Some(&format!("- {HEADER}")), None).unwrap();
+    let opts = Options {
+        steer,
+        summary_instructions: Some("- REQUEST-RULE: keep the booking ids.".to_owned()),
+        ..Options::default()
+    };
+    let fold = engine.fold_whole(&request, &ExtractiveSummarizer, &opts, FoldWhen::Always).await;
+    let fold = fold.unwrap().expect("folded");
+    let at =
+        |rule: &str| fold.digest.find(rule).unwrap_or_else(|| panic!("{rule}: {}", fold.digest));
+    let order = [OPERATOR, &SECTION[2..], HEADER, "REQUEST-RULE"].map(at);
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}: {}", fold.digest);
 }

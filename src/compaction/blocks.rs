@@ -155,6 +155,21 @@ pub fn add_block(blocks: &mut Vec<FoldBlock>, block: FoldBlock) {
     blocks.push(block);
 }
 
+/// Drops the stored blocks from the first that folds a message now pinned (a pattern
+/// added since it was made): it is forwarded whole again. Returns how many were dropped.
+pub fn unfold_pinned(blocks: &mut Vec<FoldBlock>, pinned: &[bool]) -> usize {
+    if pinned.is_empty() {
+        return 0;
+    }
+    let folds_pin = |b: &FoldBlock| {
+        (b.start..b.end.min(pinned.len())).any(|i| pinned[i] && !b.verbatim.contains(&i))
+    };
+    let keep = blocks.iter().position(folds_pin).unwrap_or(blocks.len());
+    let dropped = blocks.len() - keep;
+    blocks.truncate(keep);
+    dropped
+}
+
 /// Keeps the leading blocks that still match `msgs`; returns how many were dropped.
 pub fn retain_matching(
     blocks: &mut Vec<FoldBlock>,

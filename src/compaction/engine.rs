@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::CompactionError;
-use super::blocks::{FoldBlock, SessionState, applies, retain_matching};
+use super::blocks::{FoldBlock, SessionState, applies, retain_matching, unfold_pinned};
 use super::budget::{Budget, Options};
 use super::forward::Forward;
 use super::keep::Keep;
@@ -169,7 +169,7 @@ impl Engine {
         let units = units(msgs);
         let pinned = steer::pinned_units(opts.steer.pins.as_deref(), msgs, &units);
         let invalidated = retain_matching(&mut state.blocks, msgs, &units)
-            + steer::unfold_pinned(&mut state.blocks, &pinned);
+            + unfold_pinned(&mut state.blocks, &pinned);
         let mut report =
             Report::new(budget.clone(), opts.force, msgs.len(), state.blocks.len(), invalidated);
         report.rereads = rereads(&state.blocks, msgs);

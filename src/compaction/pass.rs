@@ -164,7 +164,7 @@ impl<'a> Pass<'a> {
         let fold_due = *self.stored.cut_postponed && !self.opts.prefetch;
         if (!self.opts.force || self.opts.prefetch) && !fold_due {
             let chosen = self.choose(&previous, recut.as_ref())?;
-            if chosen != PlanKind::Fold {
+            if matches!(chosen, PlanKind::Keep | PlanKind::Stub) {
                 self.previous = Some(previous);
                 return Ok(());
             }
@@ -274,7 +274,7 @@ impl<'a> Pass<'a> {
         );
         let Some(choice) = pricing.choose(&candidates) else { return Ok(PlanKind::Fold) };
         self.report.plan = Some(choice);
-        if choice.chosen != PlanKind::Fold {
+        if matches!(choice.chosen, PlanKind::Keep | PlanKind::Stub) {
             // The cheapest of its kind (two stubs may be priced).
             let cost = |c: &Candidate| pricing.cost(c);
             let taken = plans
@@ -330,22 +330,74 @@ impl<'a> Pass<'a> {
             // The tiers stub to the target and fold nothing: a stub plan, priced as one.
             return Ok(None);
         }
-        // The fold simulated on the plan: the region's work out and a digest's worth of
-        // tokens in, then stubs and the cut to the target, as the tiers would make them.
-        let mut folded = self.plan.clone();
-        let in_region = |i: &Item| i.pos >= blocks_end && i.pos < end && i.kind == Kind::Work;
-        folded.items.iter_mut().filter(|i| in_region(i)).for_each(|i| i.dropped = true);
+        let calls = self.folds_call();
+        if calls && self.fold_is_dropped(blocks_end, end, tail0)? {
+            // The fallback would drop the digest at once (what must stay is over the
+            // target without the region's work): the tiers cut without folding.
+            let (cut, _) = self.simulate_fold(blocks_end, end, tail0, 0)?;
+            let (total, common) = (cut.total(), self.common(&cut, previous));
+            return Ok(Some(Candidate { kind: PlanKind::Cut, total, common, calls: false }));
+        }
         let digest = self.cfg.digest_max_tokens;
-        folded.fixed += digest;
-        folded.elide_before(tail0.max(end), min, target, &mut self.counter)?;
+        let (folded, kept) = self.simulate_fold(blocks_end, end, tail0, digest)?;
+        // A digest of the full size may not fit where a shorter one would: counted.
+        let total = folded.total() + if kept { 0 } else { digest };
+        // Its prompt differs where the digest goes in, at the latest.
+        let before_digest: usize = (folded.items.iter())
+            .take_while(|i| !(i.kind == Kind::Digest && i.msgs.is_empty()))
+            .filter(|i| !i.dropped)
+            .map(|i| i.tokens)
+            .sum();
+        let common = self.common(&folded, previous).min(folded.fixed + before_digest);
+        Ok(Some(Candidate { kind: PlanKind::Fold, total, common, calls }))
+    }
+
+    /// True when a fold of `[start, end)` is dropped by the cut whatever its digest's
+    /// size: what must stay is over the target without the region's work.
+    fn fold_is_dropped(
+        &mut self,
+        start: usize,
+        end: usize,
+        tail: usize,
+    ) -> Result<bool, CompactionError> {
+        Ok(!self.simulate_fold(start, end, tail, 1)?.1)
+    }
+
+    /// The fold of the work in `[start, end)` as the tiers would make it, simulated on
+    /// the plan: the region's work out and, in its place after what the fold keeps
+    /// verbatim, a digest of `digest` tokens (an item without messages; none for 0); then
+    /// stubs before `tail` and the fallback to the target. Also whether the digest is
+    /// still there: the fallback drops digests too, once dropping older work and the
+    /// small user messages past the floor is not enough, and a fold it drops at once buys
+    /// nothing but its summarizer call.
+    fn simulate_fold(
+        &mut self,
+        start: usize,
+        end: usize,
+        tail: usize,
+        digest: usize,
+    ) -> Result<(Plan, bool), CompactionError> {
+        let mut folded = self.plan.clone();
+        let in_region = |i: &Item| i.pos >= start && i.pos < end && i.kind == Kind::Work;
+        folded.items.iter_mut().filter(|i| in_region(i)).for_each(|i| i.dropped = true);
+        let at = folded.items.iter().position(|i| i.pos >= end).unwrap_or(folded.items.len());
+        let item = Item {
+            msgs: Vec::new(),
+            tokens: digest,
+            kind: Kind::Digest,
+            pos: start,
+            originals: 0,
+            elided: 0,
+            folds: end - start,
+            dropped: digest == 0,
+        };
+        folded.items.insert(at, item);
+        let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
+        folded.elide_before(tail.max(end), min, target, &mut self.counter)?;
         let goals = self.goals(target, self.budget.budget);
         folded.fallback(goals, self.protect, &mut self.counter)?;
-        let total = folded.total();
-        // Its prompt differs where the digest goes in (after what the fold keeps verbatim
-        // at its start), at the latest.
-        let common = self.common(&folded, previous) - digest;
-        let calls = self.folds_call();
-        Ok(Some(Candidate { kind: PlanKind::Fold, total, common, calls }))
+        let kept = !folded.items[at].dropped;
+        Ok((folded, kept))
     }
 
     /// A fold calls a model (the extractive digest is written here, without a call).
@@ -454,6 +506,12 @@ impl<'a> Pass<'a> {
         if end <= blocks_end
             || src.keep.work_tokens(src.msgs, src.tokens, blocks_end, end) < min_work.max(1)
         {
+            return Ok(());
+        }
+        if self.folds_call() && self.fold_is_dropped(blocks_end, end, tail0)? {
+            // Its digest would be dropped at once: no model is asked for it, the fallback
+            // cuts instead. (An extractive digest costs no call: it is made and stored,
+            // for the later requests it fits.)
             return Ok(());
         }
         let absorb = self.digests_outgrown(blocks_end);

@@ -343,7 +343,8 @@ impl Plan {
     /// 2. drop work older than the last user message, then, while the small user messages
     ///    take more than `floor`, the largest of them, then digests, oldest first (`target`);
     /// 3. stub every remaining tool result outside the protected turn (goal: `limit`);
-    /// 4. drop work after the last user message, oldest first, unless protected (`limit`);
+    /// 4. drop work after the last user message, oldest first, then the digests there,
+    ///    unless protected (`limit`);
     /// 5. drop the task statement if it is larger than `small_max`, then small user
     ///    messages and the task statement, the largest first (`limit`);
     /// 6. steps 3 and 4 without protection (`limit`), which only a turn that was
@@ -374,9 +375,11 @@ impl Plan {
             let allowed = |it: &Item| !guarded || open(it);
             let mut total = plan.total();
             plan.elide_where(limit, 0, &mut total, counter, |_, it| allowed(it))?;
-            plan.drop_where(limit, |i, it| {
-                i > last_user && matches!(it.kind, Kind::Work | Kind::Digest) && allowed(it)
-            });
+            // Work before digests: a digest holds the trail of all the work it folded in
+            // a few tokens, and it comes first, so dropping it rewrites more of the
+            // prompt the provider has cached.
+            plan.drop_where(limit, |i, it| i > last_user && it.kind == Kind::Work && allowed(it));
+            plan.drop_where(limit, |i, it| i > last_user && it.kind == Kind::Digest && allowed(it));
             Ok::<(), ModelError>(())
         };
         cut_turn(self, counter, true)?;

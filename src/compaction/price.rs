@@ -8,14 +8,14 @@
 //! summarizer call it needs) and what it leaves the requests after it to pay: its prompt
 //! read from the cache by each of them, and the next rewrite, once the prompt has grown
 //! past the window at the conversation's own pace (prompt tokens added per request so
-//! far). While the request still fits as last forwarded, a rewrite must pay for itself
-//! before that stops fitting (see [`Pricing::choose`]).
+//! far). While the request still fits as last forwarded, keeping it and rewriting now
+//! are weighed by their worst cases (see [`Pricing::choose`]).
 //!
-//! How many requests are still to come is not known. The estimate: a conversation that
-//! has made `R` requests makes a `k`-th more with likelihood `R / (R + k)` (the longer a
-//! conversation has run, the longer it is likely to run), up to `3R` more. A rewrite
-//! that saves little is thereby not worth it near what is likely the end, and is worth it
-//! early in a long one.
+//! How many requests are still to come is not known. To compare rewrites the estimate
+//! is: a conversation that has made `R` requests makes a `k`-th more with likelihood
+//! `R / (R + k)` (the longer a conversation has run, the longer it is likely to run), up
+//! to `3R` more. Whether to rewrite at all while the prompt still fits depends on no
+//! such estimate: the plan whose worst case costs least is taken.
 
 use super::budget::Budget;
 
@@ -36,6 +36,9 @@ pub enum PlanKind {
     Stub,
     /// Fold work into a digest (tier 2, or a digest written ahead), then as the tiers go.
     Fold,
+    /// Cut old work to the target (the fallback) without a fold: what must stay is over
+    /// the target without the fold's region, so the fallback would drop its digest again.
+    Cut,
 }
 
 impl PlanKind {
@@ -45,6 +48,7 @@ impl PlanKind {
             Self::Keep => "keep",
             Self::Stub => "stub",
             Self::Fold => "fold",
+            Self::Cut => "cut",
         }
     }
 }
@@ -64,7 +68,9 @@ pub struct Candidate {
 }
 
 /// The plan chosen for a request and the runner-up, with their estimated costs (in
-/// token-equivalents: an uncached prompt token is 1).
+/// token-equivalents: an uncached prompt token is 1): between keeping and rewriting,
+/// what each costs beyond the other in its worst case; among rewrites, what each costs
+/// over the requests likely to come.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Choice {
     /// The plan taken.
@@ -160,23 +166,27 @@ impl Pricing {
         self.now(plan) + carried + self.reaches(self.fits_for(plan.total)) * self.next_rewrite
     }
 
-    /// What `plan` costs this request and the ones after it until `requests` requests
-    /// have been made (this one included).
-    fn window_cost(&self, plan: &Candidate, requests: f64) -> f64 {
-        let read: f64 = (1..requests as usize).map(|k| self.reaches(k as f64)).sum();
-        self.now(plan) + self.cached * plan.total as f64 * read
+    /// What `plan` costs the next `requests` requests (this one included), each of them
+    /// made: this one as [`Pricing::now`], the later ones reading its prompt from the cache.
+    fn certain_cost(&self, plan: &Candidate, requests: f64) -> f64 {
+        self.now(plan) + self.cached * plan.total as f64 * (requests - 1.0).max(0.0)
     }
 
     /// The plan to take among `plans` and the runner-up; `None` when there is none.
     ///
-    /// The rewrites (stub, fold) are compared by [`Pricing::cost`]. While the request
-    /// still fits as last forwarded (`Keep` is among `plans`), the cheapest rewrite is
-    /// made now only if that costs less than keeping the prompt until it no longer fits
-    /// and making the same rewrite then, if the conversation gets that far: what it
-    /// saves the requests until then must be worth more than what it costs now, less
-    /// what the later rewrite would have cost. So a conversation that crosses the
-    /// trigger a few requests before it ends is not rewritten, and one that goes on long
-    /// is rewritten early.
+    /// The rewrites (stub, fold, cut) are compared by [`Pricing::cost`]. While the
+    /// request still fits as last forwarded (`Keep` is among `plans`), whether the
+    /// cheapest rewrite pays depends on how long the conversation goes on, which is not
+    /// known; the plan whose worst case is least bad is taken, each plan's cost being
+    /// what it costs beyond the other in its worst case:
+    /// - rewriting now is worst when this request is the conversation's last: it then
+    ///   costs what the rewrite costs beyond forwarding the prompt as before;
+    /// - keeping is worst when the conversation goes on until the prompt no longer fits:
+    ///   the requests until then read the larger prompt, and the rewrite made then also
+    ///   rewrites what they added.
+    ///
+    /// So a conversation that crosses the trigger close to where its prompt stops fitting
+    /// is rewritten early, and one with room left is rewritten only if that costs little.
     pub fn choose(&self, plans: &[Candidate]) -> Option<Choice> {
         let mut rewrites: Vec<(PlanKind, f64, &Candidate)> = plans
             .iter()
@@ -195,24 +205,21 @@ impl Pricing {
                 runner_up_cost: runner.map_or(0.0, |r| r.1),
             });
         };
-        let window = self.fits_for(keep.total);
         let Some(&(kind, _, best)) = rewrites.first() else {
-            let kept = self.window_cost(keep, window);
-            return Some(Choice {
-                chosen: PlanKind::Keep,
-                cost: kept,
-                runner_up: None,
-                runner_up_cost: 0.0,
-            });
+            let choice =
+                Choice { chosen: PlanKind::Keep, cost: 0.0, runner_up: None, runner_up_cost: 0.0 };
+            return Some(choice);
         };
-        // Keeping costs the requests until the prompt no longer fits, and then, if the
-        // conversation gets there, the same rewrite.
-        let kept = self.window_cost(keep, window) + self.reaches(window) * self.now(best);
-        let rewritten = self.window_cost(best, window);
-        let (chosen, cost, runner_up, runner_up_cost) = if rewritten < kept {
-            (kind, rewritten, PlanKind::Keep, kept)
+        let window = self.fits_for(keep.total);
+        let grown = (1.0 - self.cached) * self.pace * (window - 1.0).max(0.0);
+        let rewrite_then = self.now(best) + grown;
+        let rewrite_worst = self.now(best) - self.now(keep);
+        let keep_worst =
+            self.certain_cost(keep, window) + rewrite_then - self.certain_cost(best, window);
+        let (chosen, cost, runner_up, runner_up_cost) = if rewrite_worst < keep_worst {
+            (kind, rewrite_worst, PlanKind::Keep, keep_worst)
         } else {
-            (PlanKind::Keep, kept, kind, rewritten)
+            (PlanKind::Keep, keep_worst, kind, rewrite_worst)
         };
         Some(Choice { chosen, cost, runner_up: Some(runner_up), runner_up_cost })
     }
@@ -260,6 +267,19 @@ mod tests {
         let stub = Candidate { kind: PlanKind::Stub, total: 7_000, common: 1_000, calls: false };
         let fold = Candidate { kind: PlanKind::Fold, total: 6_800, common: 1_000, calls: true };
         assert_eq!(pricing(30, 300).choose(&[fold, stub]).unwrap().chosen, PlanKind::Stub);
+    }
+
+    #[test]
+    fn a_rewrite_is_made_early_only_when_keeping_risks_more() {
+        let fold = Candidate { kind: PlanKind::Fold, total: 6_000, common: 1_000, calls: true };
+        // Room for ten more requests: keeping until then reads 5,500 more tokens each time.
+        let slow = pricing(10, 300).choose(&[keep(), fold]).unwrap();
+        assert_eq!(slow.chosen, PlanKind::Fold, "{slow:?}");
+        // Two more requests and the prompt no longer fits: if this is the last, the fold
+        // was wasted; if not, little was lost by waiting.
+        let fast = pricing(10, 1_500).choose(&[keep(), fold]).unwrap();
+        assert_eq!(fast.chosen, PlanKind::Keep, "{fast:?}");
+        assert!(fast.cost < fast.runner_up_cost);
     }
 
     #[test]

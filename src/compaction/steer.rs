@@ -12,19 +12,14 @@
 
 use std::sync::Arc;
 
-use regex::{RegexSet, RegexSetBuilder};
+use regex::RegexSet;
 
-use super::blocks::FoldBlock;
 use super::units::Unit;
+use crate::config::pins;
+pub use crate::config::pins::{MAX_PIN_BYTES, MAX_PINS, PinError};
 use crate::model::{Message, Role};
 pub use crate::vocab::InstructionSource;
 
-/// At most this many pin patterns (configuration and header together).
-pub const MAX_PINS: usize = 64;
-/// A pin pattern is at most this many bytes.
-pub const MAX_PIN_BYTES: usize = 1024;
-/// The compiled pins are at most this large (the regex engine's own limit).
-const PIN_SIZE_LIMIT: usize = 1 << 20;
 /// Merged instructions are cut to about this many tokens (about four bytes each).
 pub const INSTRUCTIONS_MAX_TOKENS: usize = 1000;
 
@@ -37,30 +32,6 @@ pub struct Instruction {
     pub text: String,
 }
 
-/// A pin pattern that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum PinError {
-    /// More patterns than [`MAX_PINS`].
-    #[error("at most {MAX_PINS} pin patterns are allowed, {0} given")]
-    TooMany(usize),
-    /// A pattern longer than [`MAX_PIN_BYTES`].
-    #[error("pin pattern {index} is {len} bytes long; at most {MAX_PIN_BYTES} are allowed")]
-    TooLong {
-        /// Its place in the list.
-        index: usize,
-        /// Its length.
-        len: usize,
-    },
-    /// A pattern that does not compile.
-    #[error("pin pattern {pattern:?} is not a valid regular expression: {message}")]
-    Invalid {
-        /// The pattern.
-        pattern: String,
-        /// Why.
-        message: String,
-    },
-}
-
 /// Compiled pin patterns.
 #[derive(Debug, Clone)]
 pub struct Pins {
@@ -70,27 +41,7 @@ pub struct Pins {
 impl Pins {
     /// Compiles `patterns`; `None` when there are none.
     pub fn new(patterns: &[String]) -> Result<Option<Self>, PinError> {
-        if patterns.is_empty() {
-            return Ok(None);
-        }
-        if patterns.len() > MAX_PINS {
-            return Err(PinError::TooMany(patterns.len()));
-        }
-        for (index, p) in patterns.iter().enumerate() {
-            if p.len() > MAX_PIN_BYTES {
-                return Err(PinError::TooLong { index, len: p.len() });
-            }
-            // Each alone, so that the error names the pattern at fault.
-            RegexSetBuilder::new([p])
-                .size_limit(PIN_SIZE_LIMIT)
-                .build()
-                .map_err(|e| PinError::Invalid { pattern: p.clone(), message: e.to_string() })?;
-        }
-        let set =
-            RegexSetBuilder::new(patterns).size_limit(PIN_SIZE_LIMIT).build().map_err(|e| {
-                PinError::Invalid { pattern: patterns.join(" | "), message: e.to_string() }
-            })?;
-        Ok(Some(Self { set }))
+        Ok(pins::compile(patterns)?.map(|set| Self { set }))
     }
 
     /// True when `text` matches a pattern.
@@ -131,21 +82,6 @@ pub fn pinned_units(pins: Option<&Pins>, msgs: &[Arc<Message>], units: &[Unit]) 
         }
     }
     flags
-}
-
-/// Drops the stored blocks from the first that folds a message now pinned (a pattern
-/// added since it was made): it is forwarded whole again. Returns how many were dropped.
-pub fn unfold_pinned(blocks: &mut Vec<FoldBlock>, pinned: &[bool]) -> usize {
-    if pinned.is_empty() {
-        return 0;
-    }
-    let folds_pin = |b: &FoldBlock| {
-        (b.start..b.end.min(pinned.len())).any(|i| pinned[i] && !b.verbatim.contains(&i))
-    };
-    let keep = blocks.iter().position(folds_pin).unwrap_or(blocks.len());
-    let dropped = blocks.len() - keep;
-    blocks.truncate(keep);
-    dropped
 }
 
 /// What one request steers: the operator's instructions and pins, with what its
@@ -290,28 +226,6 @@ fn heading(line: &str) -> Option<(usize, &str)> {
         .then_some((level, rest))
 }
 
-/// The bullet lines of `instructions` (`-`, `*`, `+` or a numbered item), without their
-/// marker: what the extractive digest copies into its standing facts.
-pub fn bullet_lines(instructions: &str) -> Vec<String> {
-    instructions
-        .lines()
-        .filter_map(|line| {
-            let line = line.trim();
-            let rest = line
-                .strip_prefix("- ")
-                .or_else(|| line.strip_prefix("* "))
-                .or_else(|| line.strip_prefix("+ "))
-                .or_else(|| {
-                    let digits = line.bytes().take_while(u8::is_ascii_digit).count();
-                    (digits > 0)
-                        .then(|| &line[digits..])
-                        .and_then(|r| r.strip_prefix(". ").or_else(|| r.strip_prefix(") ")))
-                })?;
-            Some(rest.trim().to_owned()).filter(|r| !r.is_empty())
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,7 +296,10 @@ mod tests {
     fn bad_pins_are_refused_with_the_pattern_named() {
         let err = Pins::new(&["ok".into(), "(unclosed".into()]).unwrap_err().to_string();
         assert!(err.contains("(unclosed"), "{err}");
-        assert!(matches!(Pins::new(&["x".repeat(2000)]), Err(PinError::TooLong { .. })));
+        assert!(matches!(
+            Pins::new(&["x".repeat(MAX_PIN_BYTES + 1)]),
+            Err(PinError::TooLong { .. })
+        ));
         let many: Vec<String> = (0..65).map(|i| format!("p{i}")).collect();
         assert!(matches!(Pins::new(&many), Err(PinError::TooMany(65))));
         assert!(Steer::new("", &[]).unwrap().with_request(None, Some("[\"a(\"]")).is_err());
@@ -413,10 +330,14 @@ mod tests {
         assert_eq!(pins.flags(&msgs), [false, true, false]);
     }
 
-    #[test]
-    fn bullet_lines_lose_their_markers() {
-        let got =
-            bullet_lines("Keep:\n- test names\n* ids\n+ paths\n1. errors\n2) commands\nprose");
-        assert_eq!(got, ["test names", "ids", "paths", "errors", "commands"]);
+    proptest::proptest! {
+        #[test]
+        fn parsing_any_text_never_panics(text in "(?s)[#* \\-+0-9.)\n\r\ta-zé]{0,200}") {
+            if let Some(body) = section(&text) {
+                proptest::prop_assert!(text.contains(body));
+            }
+            let _ = header_patterns(&text);
+            let _ = Steer::default().with_request(Some(&text), Some(&text));
+        }
     }
 }

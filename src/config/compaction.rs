@@ -140,7 +140,7 @@ impl CompactionConfig {
                 format!("{} is outside 0..=1", self.cached_price),
             ));
         }
-        if let Err(e) = crate::compaction::steer::Pins::new(&self.pin) {
+        if let Err(e) = super::pins::compile(&self.pin) {
             return Err(("compaction.pin", e.to_string()));
         }
         if !in_unit(self.floor_max_ratio) {

@@ -12,6 +12,7 @@ mod bytesize;
 mod compaction;
 mod compaction_apis;
 mod env;
+pub mod pins;
 mod secret;
 mod session;
 mod telemetry;

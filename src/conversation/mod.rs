@@ -36,6 +36,7 @@ pub use self::quick::{Measure, below, byte_bound};
 pub use self::summarizers::Summarizers;
 use self::transaction::log_store_error;
 use crate::compaction::engine::Ahead;
+pub use crate::compaction::steer::{PinError, Steer};
 /// The engine's words the edge speaks in: the stage is the edge's only door to the
 /// engine, and these are what passes through it (options of a request, what was done,
 /// folds of the whole conversation, the state the inspector shows).
@@ -323,9 +324,10 @@ impl Conversations {
     }
 
     /// The fold to make in the background after a request reported as `report`: the one
-    /// it postponed, or the next one ahead of need once the prompt passed
-    /// `prefetch_ratio` of the budget (below the trigger, or past it while the plan keeps
-    /// the prompt as forwarded and would fold next).
+    /// it postponed; past the trigger, the fold the plan leaves for later (it keeps the
+    /// prompt as forwarded and would fold next), so that the request that no longer fits
+    /// finds it ready; and with `compaction.prefetch`, the next one once the prompt passed
+    /// `prefetch_ratio` of the budget below the trigger.
     fn ahead(&self, report: &Report, options: &Options) -> Option<Ahead> {
         let cfg = self.engine().config();
         if report.fold_postponed {
@@ -339,9 +341,10 @@ impl Conversations {
             p.chosen == crate::compaction::PlanKind::Keep
                 && p.runner_up == Some(crate::compaction::PlanKind::Fold)
         });
-        let growing = report.tokens_after > threshold
-            && (report.tokens_after <= report.budget.trigger || kept);
-        (cfg.enabled && cfg.prefetch && growing && report.blocks_new == 0 && !options.force)
+        let growing = cfg.prefetch
+            && report.tokens_after > threshold
+            && report.tokens_after <= report.budget.trigger;
+        (cfg.enabled && (growing || kept) && report.blocks_new == 0 && !options.force)
             .then_some(Ahead::Prefetch { forwarded_tokens: report.tokens_after })
     }
 

@@ -25,6 +25,15 @@ pub const CHANGES_MAX: usize = 64;
 /// most of its predecessor's): what a record holds stays small beside the history.
 pub const CHANGES_HISTORY: usize = 10;
 
+/// One piece of the compaction instructions in force for a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstructionEntry {
+    /// Where it came from.
+    pub source: crate::vocab::InstructionSource,
+    /// Its text (at most 500 characters here).
+    pub text: String,
+}
+
 /// One request of a conversation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -34,7 +43,7 @@ pub struct RequestEntry {
     /// The compaction instructions in force (past the trigger): where each came from
     /// and its text (at most 500 characters each here).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub instructions: Vec<crate::compaction::steer::Instruction>,
+    pub instructions: Vec<InstructionEntry>,
     /// Messages pin patterns pinned (past the trigger), by index: each forwarded byte
     /// for byte.
     #[serde(skip_serializing_if = "Vec::is_empty")]

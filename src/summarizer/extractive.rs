@@ -36,6 +36,28 @@ impl Summarizer for ExtractiveSummarizer {
     }
 }
 
+/// The bullet lines of `instructions` (`-`, `*`, `+` or a numbered item), without their
+/// marker: what the extractive digest copies into its standing facts.
+fn bullet_lines(instructions: &str) -> Vec<String> {
+    instructions
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let rest = line
+                .strip_prefix("- ")
+                .or_else(|| line.strip_prefix("* "))
+                .or_else(|| line.strip_prefix("+ "))
+                .or_else(|| {
+                    let digits = line.bytes().take_while(u8::is_ascii_digit).count();
+                    (digits > 0)
+                        .then(|| &line[digits..])
+                        .and_then(|r| r.strip_prefix(". ").or_else(|| r.strip_prefix(") ")))
+                })?;
+            Some(rest.trim().to_owned()).filter(|r| !r.is_empty())
+        })
+        .collect()
+}
+
 /// `body` with the bullet lines of the compaction instructions in force first among its
 /// standing facts (a goal history's lasting constraints), in a section made for them
 /// when it has none: the extractive digest cannot follow instructions, it keeps them.
@@ -44,7 +66,7 @@ pub fn with_instruction_facts(
     kind: DigestKind,
     instructions: Option<&str>,
 ) -> String {
-    let lines = instructions.map(crate::compaction::steer::bullet_lines).unwrap_or_default();
+    let lines = instructions.map(bullet_lines).unwrap_or_default();
     if lines.is_empty() {
         return body;
     }
@@ -395,6 +417,13 @@ pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn bullet_lines_lose_their_markers() {
+        let got =
+            bullet_lines("Keep:\n- test names\n* ids\n+ paths\n1. errors\n2) commands\nprose");
+        assert_eq!(got, ["test names", "ids", "paths", "errors", "commands"]);
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Change, Decision, SessionState};
-use crate::compaction::steer::Instruction;
 use crate::session::record::{
-    CHANGES_MAX, ChangeEntry, FoldEntry, RequestChanges, RequestEntry, UsageEntry, now_ms,
+    CHANGES_MAX, ChangeEntry, FoldEntry, InstructionEntry, RequestChanges, RequestEntry,
+    UsageEntry, now_ms,
 };
 use crate::session::{RecordStore, RecordUpdate, SessionKey, SessionStore, StateStore, StoreError};
 use crate::vocab::{CompactionApi, Outcome};
@@ -80,7 +80,10 @@ impl Inspection {
             }
             request.why = report.why();
             request.instructions = (report.instructions.iter())
-                .map(|i| Instruction { text: i.text.chars().take(500).collect(), ..i.clone() })
+                .map(|i| InstructionEntry {
+                    source: i.source,
+                    text: i.text.chars().take(500).collect(),
+                })
                 .collect();
             request.pinned = report.pinned.iter().map(|&i| small(i)).collect();
         }

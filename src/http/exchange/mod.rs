@@ -54,9 +54,8 @@ use super::session_key::ChainScope;
 use super::session_key::SessionHeaders;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
-use crate::compaction::steer::Steer;
 use crate::config::ServedBy;
-use crate::conversation::Conversations;
+use crate::conversation::{Conversations, PinError, Steer};
 use crate::metrics::{ChainResult, Metrics};
 use crate::model::ChatRequest;
 use crate::session::SessionKey;
@@ -499,10 +498,7 @@ pub const PIN_HEADER: &str = "x-foldgate-pin";
 
 /// The operator's settings with what `headers` add; `None` when they add nothing. An
 /// error names a pin pattern that cannot be used (the client gets a 400).
-fn steer_of(
-    operator: &Steer,
-    headers: &http::HeaderMap,
-) -> Result<Option<Steer>, crate::compaction::steer::PinError> {
+fn steer_of(operator: &Steer, headers: &http::HeaderMap) -> Result<Option<Steer>, PinError> {
     let text = |name: &str| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
     let (instructions, pins) = (text(INSTRUCTIONS_HEADER), text(PIN_HEADER));
     if instructions.is_none() && pins.is_none() {

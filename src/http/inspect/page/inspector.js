@@ -177,7 +177,8 @@
   // did, and each change with its size before and after and the text put in its place.
   function changes(box, session) {
     box.replaceChildren();
-    const changed = session.recent.filter((r) => (r.changes && r.changes.length) || r.why || r.usage);
+    const changed = session.recent.filter((r) => (r.changes && r.changes.length) || r.why || r.usage ||
+      (r.instructions && r.instructions.length) || (r.pinned && r.pinned.length));
     if (!changed.length) {
       box.append(el("p", { class: "status" }, "No request changed (yet)."));
       return;
@@ -196,6 +197,11 @@
         el("div", { class: "meta" },
           el("b", {}, "request #" + r.n), " · " + time(r.at) + " · " + r.tokens_before + " → " + r.tokens_after +
           " tokens · tier " + r.tier + (r.why ? " · " + r.why : "")),
+        (r.instructions || []).length ? el("ul", { class: "instructions" }, ...r.instructions.map((i) =>
+          el("li", { class: "instruction", "data-source": i.source }, el("b", {}, "instructions (" + i.source + "): "), i.text))) : null,
+        (r.pinned || []).length ? el("div", { class: "meta pinned", "data-pinned": r.pinned.join(",") },
+          "pinned, forwarded byte for byte: " + messages({ start: r.pinned[0], end: r.pinned[0] + 1 }) +
+          (r.pinned.length > 1 ? " and " + (r.pinned.length - 1) + " more (" + r.pinned.join(", ") + ")" : "")) : null,
         r.usage || r.rewritten ? el("div", { class: "meta usage" },
           usageText(r.usage) + (r.rewritten ? (r.usage ? "; " : "") + r.rewritten + " prompt tokens rewritten by compaction" : "")) : null,
         items));
