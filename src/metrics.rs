@@ -233,8 +233,8 @@ const PREFIX_REWRITE_COST: Spec = Spec {
 };
 
 const COMPACTION_INSTRUCTIONS: Spec = Spec {
-    name: "compaction_instructions_total",
-    help: "Requests planned over the trigger (or with stored folds) with compaction instructions in force, by where they came from: config (summarizer.instructions), conversation (a Compact instructions section), header (x-foldgate-compact-instructions), request (a compaction API's own instructions).",
+    name: "conversations_with_instructions_total",
+    help: "Conversations planned with compaction instructions in force, each counted once per source, by where they came from: config (summarizer.instructions), conversation (a Compact instructions section), header (x-foldgate-compact-instructions), request (a compaction API's own instructions).",
     labels: &["source"],
 };
 
@@ -547,7 +547,7 @@ pub struct Metrics {
     pub prompt_tokens_rewritten: IntCounterVec,
     /// Prefix rewrites by reason.
     prefix_rewrites: IntCounterVec,
-    /// `foldgate_compaction_instructions_total{source}`.
+    /// `foldgate_conversations_with_instructions_total{source}`.
     compaction_instructions: IntCounterVec,
     /// `foldgate_pinned_messages_total`.
     pinned_messages: IntCounterVec,
@@ -892,8 +892,8 @@ impl Metrics {
         self.prefix_rewrite_cost.with_label_values(&label).inc_by(cost.max(0.0).round() as u64);
     }
 
-    /// Counts one planned request's compaction instructions, by source, and the
-    /// messages pins kept in it.
+    /// Counts the sources of compaction instructions a conversation has for the first
+    /// time, and the messages pins kept in one request.
     pub fn steered(&self, sources: impl Iterator<Item = InstructionSource>, pinned: usize) {
         for source in sources {
             self.compaction_instructions.with_label_values(&[source.as_str()]).inc();

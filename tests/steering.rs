@@ -203,8 +203,10 @@ async fn pinned_messages_and_instructions_are_counted() {
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
     assert!(value("foldgate_pinned_messages_total") > 0.0, "{text}");
-    assert!(value("foldgate_compaction_instructions_total{source=\"conversation\"}") > 0.0);
-    assert_eq!(value("foldgate_compaction_instructions_total{source=\"header\"}"), 0.0);
+    let conversations = "foldgate_conversations_with_instructions_total{source=\"conversation\"}";
+    assert_eq!(value(conversations), 1.0, "one conversation, counted once");
+    let by_header = "foldgate_conversations_with_instructions_total{source=\"header\"}";
+    assert_eq!(value(by_header), 0.0);
 }
 
 #[tokio::test]

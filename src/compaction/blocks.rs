@@ -90,6 +90,14 @@ pub struct SessionState {
     /// planned against in place of [`super::Options::token_ratio`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_ratio: Option<TokenRatio>,
+    /// Where the conversation's compaction instructions came from so far (one bit per
+    /// [`crate::vocab::InstructionSource`]): each source is counted once per conversation.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub instruction_sources: u8,
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 /// One item of a stored cut: a unit of the history (from original message `pos`) dropped,

@@ -183,7 +183,16 @@ impl Engine {
         let stored = Stored { blocks, pending, cut, cut_postponed };
         let mut pass = Pass::start(cfg, opts, request, summarizer, src, stored, counter, report)?;
         pass.run().await?;
-        pass.finish(request)
+        let mut out = pass.finish(request)?;
+        let report = out.report_mut();
+        for source in report.instructions.iter().map(|i| i.source) {
+            let bit = 1u8 << source as u8;
+            if state.instruction_sources & bit == 0 {
+                state.instruction_sources |= bit;
+                report.new_instruction_sources.push(source);
+            }
+        }
+        Ok(out)
     }
 
     /// Below the trigger without stored blocks (or with compaction off), measured from
@@ -274,6 +283,8 @@ impl Engine {
             cut: state.cut.clone(),
             cut_postponed: state.cut_postponed,
             token_ratio: state.token_ratio,
+            // A trial counts no conversation's instructions: its request did.
+            instruction_sources: u8::MAX,
         };
         let result = self.compact_request(request, &mut trial, summarizer, &opts).await;
         state.token_cache = trial.token_cache;

@@ -30,4 +30,11 @@ impl Forward {
             Self::Unchanged { report } | Self::Compacted { report, .. } => report,
         }
     }
+
+    /// The report, to complete.
+    pub(super) fn report_mut(&mut self) -> &mut Report {
+        match self {
+            Self::Unchanged { report } | Self::Compacted { report, .. } => report,
+        }
+    }
 }

@@ -86,6 +86,9 @@ pub struct Report {
     /// The compaction instructions in force, in merge order, when the request was
     /// planned (see `super::steer`).
     pub instructions: Vec<super::steer::Instruction>,
+    /// Of their sources, those the conversation had not had before (each is counted once
+    /// per conversation).
+    pub new_instruction_sources: Vec<super::steer::InstructionSource>,
     /// The messages pin patterns pinned in the request (by index), when it was planned:
     /// each forwarded byte for byte.
     pub pinned: Vec<usize>,
@@ -135,6 +138,7 @@ impl Report {
             plan: None,
             rewrite_cost: 0.0,
             instructions: Vec::new(),
+            new_instruction_sources: Vec::new(),
             pinned: Vec::new(),
             changes: Vec::new(),
         }

@@ -291,7 +291,7 @@ impl Record {
             }
         }
         let pinned = if decision.outcome.engine_compacted() { report.pinned.len() } else { 0 };
-        metrics.steered(report.instructions.iter().map(|i| i.source), pinned);
+        metrics.steered(report.new_instruction_sources.iter().copied(), pinned);
         if decision.outcome.engine_compacted() && before > 0 {
             metrics.compaction_ratio.observe(report.tokens_after as f64 / before as f64);
             metrics.fold_wait.observe(decision.fold_wait.as_secs_f64());
