@@ -63,6 +63,11 @@ fn build_pipeline(
     config: &Config,
     compaction_runtime: Option<tokio::runtime::Handle>,
 ) -> Result<(CompactedRoutes, Arc<Metrics>), AppError> {
+    if config.compaction.enabled {
+        // The encoders load beside start-up, not on the first request that counts.
+        let load = std::thread::Builder::new().name("foldgate-encoders".into());
+        load.spawn(crate::compaction::tokens::encoding::load_all).map_err(AppError::Runtime)?;
+    }
     let m = &config.metrics;
     let teams =
         (!m.team_header.is_empty()).then(|| Teams::new(&m.team_header, &m.teams, m.max_teams));

@@ -1,16 +1,19 @@
 //! BPE encodings and bounded-work token counting.
 //!
-//! BPE merging is superlinear in the length of one pre-tokenized piece, and an untrusted
-//! message can hold a single piece megabytes long (a run of `a`s, of spaces, a base64
-//! blob). Text is therefore cut into chunks before it reaches the tokenizer: at points
-//! where the tokenizer's own pre-split always starts a new piece (see `is_safe_split`),
-//! so counts stay exact, and, in
-//! a run longer than [`MAX_RUN`] bytes without such a point, at a character boundary
-//! every [`MAX_RUN`] bytes, which bounds the work per byte at the price of a count that
-//! may differ by about one token per cut inside that run.
+//! Counts come from bpe-openai's prebuilt encoders: tiktoken's counts, in time linear in
+//! the text. Text is cut into chunks before it reaches the encoder, as it was when
+//! tiktoken-rs counted (its merging is superlinear in the length of one pre-tokenized
+//! piece, and an untrusted message can hold a single piece megabytes long: a run of
+//! `a`s, of spaces, a base64 blob), so that every count, and so every forwarded byte, is
+//! what it was: at points where the tokenizer's own pre-split always starts a new piece
+//! (see `is_safe_split`), which keeps counts exact, and, in a run longer than [`MAX_RUN`]
+//! bytes without such a point, at a character boundary every [`MAX_RUN`] bytes, at the
+//! price of a count that may differ by about one token per cut inside that run.
+//! `tests/compaction_tokens.rs` checks the counts against tiktoken-rs on every message
+//! of the recorded conversations.
 
+use bpe_openai::Tokenizer;
 use serde::{Deserialize, Serialize};
-use tiktoken_rs::CoreBPE;
 
 /// Longest run of bytes without a safe split point that is tokenized in one piece.
 pub const MAX_RUN: usize = 128;
@@ -46,20 +49,28 @@ impl Encoding {
     }
 
     /// The shared tokenizer, loaded once per process.
-    pub fn bpe(self) -> &'static CoreBPE {
+    pub fn tokenizer(self) -> &'static Tokenizer {
         match self {
-            Self::O200kBase => tiktoken_rs::o200k_base_singleton(),
-            Self::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+            Self::O200kBase => bpe_openai::o200k_base(),
+            Self::Cl100kBase => bpe_openai::cl100k_base(),
         }
     }
 
-    /// Tokens in `text` (special-token strings count as ordinary text), with the work
-    /// per byte bounded (see the module docs).
+    /// Tokens in `text` (special-token strings count as ordinary text), counted chunk by
+    /// chunk (see the module docs): the counts tiktoken gives the same chunks.
     pub fn count(self, text: &str) -> usize {
-        let bpe = self.bpe();
+        let tokenizer = self.tokenizer();
         let mut total = 0;
-        for_each_chunk(text, |chunk| total += bpe.encode_ordinary(chunk).len());
+        for_each_chunk(text, |chunk| total += tokenizer.count(chunk));
         total
+    }
+}
+
+/// Loads both encoders (a few milliseconds each, once per process), so that the first
+/// request to count does not wait for it.
+pub fn load_all() {
+    for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+        enc.tokenizer();
     }
 }
 
@@ -111,7 +122,11 @@ mod tests {
     use super::*;
 
     fn exact(enc: Encoding, text: &str) -> usize {
-        enc.bpe().encode_ordinary(text).len()
+        let bpe = match enc {
+            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),
+            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+        };
+        bpe.encode_ordinary(text).len()
     }
 
     #[test]
