@@ -64,9 +64,9 @@ fn build_pipeline(
     compaction_runtime: Option<tokio::runtime::Handle>,
 ) -> Result<(CompactedRoutes, Arc<Metrics>), AppError> {
     if config.compaction.enabled {
-        // The encoders load beside start-up, not on the first request that counts.
-        let load = std::thread::Builder::new().name("foldgate-encoders".into());
-        load.spawn(crate::compaction::tokens::encoding::load_all).map_err(AppError::Runtime)?;
+        // The common encoder loads with start-up, not on the first request that counts
+        // (cl100k_base, for older models only, when first needed).
+        crate::compaction::tokens::encoding::load_default();
     }
     let m = &config.metrics;
     let teams =

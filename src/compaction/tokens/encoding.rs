@@ -66,12 +66,10 @@ impl Encoding {
     }
 }
 
-/// Loads both encoders (a few milliseconds each, once per process), so that the first
-/// request to count does not wait for it.
-pub fn load_all() {
-    for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
-        enc.tokenizer();
-    }
+/// Loads the encoder of current models (o200k_base; once per process), so that the
+/// first request to count does not wait for it.
+pub fn load_default() {
+    Encoding::O200kBase.tokenizer();
 }
 
 /// True where the tokenizer's pre-split always starts a new piece at byte `i`: at a
