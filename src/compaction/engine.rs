@@ -141,7 +141,7 @@ impl Engine {
         cache: &mut TokenCache,
     ) -> usize {
         let mut counter = Counter { encoding: budget.encoding, cache };
-        let msgs: usize = request.messages().iter().map(|m| counter.message(m)).sum();
+        let msgs: usize = counter.messages(request.messages()).iter().sum();
         msgs + counter.tools(request.tools_raw()) + REPLY_PRIMING
     }
 
@@ -176,7 +176,7 @@ impl Engine {
         let SessionState { blocks, token_cache, pending, cut, cut_postponed, .. } = state;
         let mut counter = Counter { encoding: budget.encoding, cache: token_cache };
         let fixed = counter.tools(request.tools_raw()) + REPLY_PRIMING;
-        let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
+        let tokens = counter.messages(msgs);
         report.tokens_before = fixed + tokens.iter().sum::<usize>();
         let keep = Keep::new(msgs, cfg).with_pins(&pinned);
         let src = Sources { msgs, units: &units, tokens: &tokens, fixed, keep: &keep };

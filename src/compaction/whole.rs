@@ -74,7 +74,7 @@ impl Engine {
         let mut cache = TokenCache::default();
         let mut counter = Counter { encoding: budget.encoding, cache: &mut cache };
         let msgs = request.messages();
-        let tokens: Vec<usize> = msgs.iter().map(|m| counter.message(m)).collect();
+        let tokens = counter.messages(msgs);
         let fixed = counter.tools(request.tools_raw()) + REPLY_PRIMING;
         let tokens_before = fixed + tokens.iter().sum::<usize>();
         let provider_tokens = (tokens_before as f64 * budget.token_ratio) as usize;

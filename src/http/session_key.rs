@@ -244,9 +244,14 @@ pub fn session_key_with(
 /// A hash begun with `domain` and the caller's credential (its header's name and value;
 /// `anonymous` without one): every key of a tenant starts so.
 fn scoped(domain: &[u8], headers: &HeaderMap) -> Sha256 {
+    scoped_by(domain, credential(headers))
+}
+
+/// [`scoped`] with the credential found.
+fn scoped_by(domain: &[u8], credential: Option<(&str, &HeaderValue)>) -> Sha256 {
     let mut hash = Sha256::new();
     hash.update(domain);
-    match credential(headers) {
+    match credential {
         Some((name, value)) => {
             hash.update(name.as_bytes());
             hash.update(b"\0");
@@ -261,47 +266,140 @@ fn scoped(domain: &[u8], headers: &HeaderMap) -> Sha256 {
 /// The key from the credential and `id` (the first session header present), or else
 /// from the fingerprint `(model, first system message, first user message)` that
 /// `fingerprint` gives.
+///
+/// The key is SHA-256 of the credential and of what names the conversation, the largest
+/// part of a small request's handling; most requests name what the one before named,
+/// so the keys made last on this thread are remembered by a seeded XXH3-128 of the same
+/// inputs (see [`Recent`]).
 fn key<'a>(
     headers: &HeaderMap,
     id: Option<&HeaderValue>,
     fingerprint: impl FnOnce() -> Fingerprint<'a>,
 ) -> SessionKey {
-    let mut hash = scoped(b"foldgate/session/v2\0", headers);
-    match id {
-        Some(id) => {
+    let credential = credential(headers);
+    let named = match id {
+        Some(id) => Named::Header(id.as_bytes()),
+        None => Named::Fingerprint(fingerprint_digest(fingerprint())),
+    };
+    let tag = Recent::tag(credential, &named);
+    if let Some(key) = Recent::get(tag) {
+        return key;
+    }
+    let mut hash = scoped_by(b"foldgate/session/v2\0", credential);
+    match named {
+        Named::Header(id) => {
             hash.update(b"header\0");
-            hash.update(id.as_bytes());
+            hash.update(id);
         }
-        None => {
-            // The first messages can be long pastes: they are hashed with XXH3-128, which
-            // keeps up with memory, and only its digest goes through SHA-256 with the
-            // credential. A collision could only join two conversations of one tenant,
-            // and a fold block is reused only where its messages match exactly.
-            let Fingerprint { model, system, user, scope, marked } = fingerprint();
-            let mut content = Xxh3::new();
-            content.update(model.as_bytes());
-            // Cache breakpoints move from request to request (Claude Code marks the newest
-            // message): they are not part of what the conversation said.
-            let unmarked = |raw| if marked { without_cache_control(raw) } else { raw.into() };
-            let (system, user) = (system.map(unmarked), user.map(unmarked));
-            for first in [system.as_deref(), user.as_deref()] {
-                content.update(b"\0");
-                content.update(&(first.map_or(0, <[u8]>::len) as u64).to_le_bytes());
-                if let Some(raw) = first {
-                    content.update(raw);
-                }
-            }
-            // Only when there is one, so that the keys of other requests stay as they were.
-            if let Some(scope) = scope {
-                content.update(b"\0scope\0");
-                content.update(&(scope.len() as u64).to_le_bytes());
-                content.update(scope.as_bytes());
-            }
+        Named::Fingerprint(digest) => {
             hash.update(b"fingerprint\0");
-            hash.update(content.digest128().to_le_bytes());
+            hash.update(digest.to_le_bytes());
         }
     }
-    SessionKey::from_digest(hex(&hash.finalize()[..16]))
+    let key = SessionKey::from_digest(hex(&hash.finalize()[..16]));
+    Recent::put(tag, &key);
+    key
+}
+
+/// What names a conversation within its tenant.
+enum Named<'a> {
+    /// The value of the first session header present.
+    Header(&'a [u8]),
+    /// The XXH3-128 digest of the fingerprint's parts.
+    Fingerprint(u128),
+}
+
+/// The first messages can be long pastes: they are hashed with XXH3-128, which keeps up
+/// with memory, and only its digest goes through SHA-256 with the credential. A
+/// collision could only join two conversations of one tenant, and a fold block is
+/// reused only where its messages match exactly.
+fn fingerprint_digest(fingerprint: Fingerprint<'_>) -> u128 {
+    let Fingerprint { model, system, user, scope, marked } = fingerprint;
+    let mut content = Xxh3::new();
+    content.update(model.as_bytes());
+    // Cache breakpoints move from request to request (Claude Code marks the newest
+    // message): they are not part of what the conversation said.
+    let unmarked = |raw| if marked { without_cache_control(raw) } else { raw.into() };
+    let (system, user) = (system.map(unmarked), user.map(unmarked));
+    for first in [system.as_deref(), user.as_deref()] {
+        content.update(b"\0");
+        content.update(&(first.map_or(0, <[u8]>::len) as u64).to_le_bytes());
+        if let Some(raw) = first {
+            content.update(raw);
+        }
+    }
+    // Only when there is one, so that the keys of other requests stay as they were.
+    if let Some(scope) = scope {
+        content.update(b"\0scope\0");
+        content.update(&(scope.len() as u64).to_le_bytes());
+        content.update(scope.as_bytes());
+    }
+    content.digest128()
+}
+
+/// Session keys made last on this thread, each under a tag: XXH3-128 of the credential
+/// and of what names the conversation, seeded with a secret drawn when the process
+/// starts, so that no client can make its tag meet another's. Only tags and keys (both
+/// hashes) are kept, never a credential.
+struct Recent;
+
+/// Keys remembered per thread (a connection thread serves many conversations at once).
+const RECENT_KEYS: usize = 16;
+
+/// The next slot to fill, and the slots: a tag and its key.
+type RecentSlots = (usize, [(u128, Option<SessionKey>); RECENT_KEYS]);
+
+thread_local! {
+    static RECENT: std::cell::RefCell<RecentSlots> =
+        std::cell::RefCell::new((0, std::array::from_fn(|_| (0, None))));
+}
+
+static RECENT_SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0x666f_6c64_6761_7465);
+    hasher.finish()
+});
+
+impl Recent {
+    fn tag(credential: Option<(&str, &HeaderValue)>, named: &Named<'_>) -> u128 {
+        let mut tag = Xxh3::with_seed(*RECENT_SEED);
+        match credential {
+            Some((name, value)) => {
+                tag.update(name.as_bytes());
+                tag.update(b"\0");
+                tag.update(&(value.len() as u64).to_le_bytes());
+                tag.update(value.as_bytes());
+            }
+            None => tag.update(b"\0anonymous"),
+        }
+        match named {
+            Named::Header(id) => {
+                tag.update(b"\0header\0");
+                tag.update(id);
+            }
+            Named::Fingerprint(digest) => {
+                tag.update(b"\0fingerprint\0");
+                tag.update(&digest.to_le_bytes());
+            }
+        }
+        tag.digest128()
+    }
+
+    fn get(tag: u128) -> Option<SessionKey> {
+        RECENT.with(|recent| {
+            let recent = recent.borrow();
+            recent.1.iter().find(|(t, key)| *t == tag && key.is_some()).and_then(|(_, k)| k.clone())
+        })
+    }
+
+    fn put(tag: u128, key: &SessionKey) {
+        RECENT.with(|recent| {
+            let (next, slots) = &mut *recent.borrow_mut();
+            slots[*next] = (tag, Some(key.clone()));
+            *next = (*next + 1) % RECENT_KEYS;
+        });
+    }
 }
 
 /// A message's JSON text without its `cache_control` fields, wherever they are; the text

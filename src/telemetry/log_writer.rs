@@ -36,18 +36,26 @@ struct Queue {
 #[derive(Clone)]
 pub struct QueueWriter(Arc<Queue>);
 
-impl Write for QueueWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let Ok(mut buf) = self.0.buf.lock() else { return Ok(data.len()) };
+impl QueueWriter {
+    /// Appends `data` (one or more whole lines), or drops and counts it past
+    /// [`MAX_BACKLOG`].
+    pub fn append(&self, data: &[u8]) {
+        let Ok(mut buf) = self.0.buf.lock() else { return };
         if buf.len() + data.len() > MAX_BACKLOG {
             self.0.dropped.fetch_add(1, Ordering::Relaxed);
-            return Ok(data.len());
+            return;
         }
         let was_below = buf.len() < WAKE_AT;
         buf.extend_from_slice(data);
         if was_below && buf.len() >= WAKE_AT {
             self.0.wake.notify_one();
         }
+    }
+}
+
+impl Write for QueueWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.append(data);
         Ok(data.len())
     }
 

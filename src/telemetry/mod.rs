@@ -9,6 +9,7 @@
 //! their own: the log sees what `log.level` lets through and never foldgate's spans (its
 //! lines are unchanged); the OpenTelemetry layer sees foldgate's spans only.
 
+pub mod access;
 pub mod context;
 mod log_writer;
 mod otlp;
@@ -83,11 +84,15 @@ fn log_filter(log: &LogConfig) -> EnvFilter {
 
 /// The log alone, `filter` applying to everything.
 fn install_log(filter: EnvFilter, writer: QueueWriter, format: LogFormat) {
+    let access = writer.clone();
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
-    let _ = match format {
+    let installed = match format {
         LogFormat::Text => builder.with_ansi(false).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+    if installed.is_ok() {
+        access::install(access, format);
+    }
 }
 
 /// The log (behind `filter`) beside the OpenTelemetry layer of `pipeline` (behind a
@@ -98,6 +103,7 @@ fn install_with_export(
     format: LogFormat,
     pipeline: &Pipeline,
 ) {
+    let access = writer.clone();
     let log: Box<dyn Layer<Registry> + Send + Sync> = match format {
         LogFormat::Text => {
             tracing_subscriber::fmt::layer().with_ansi(false).with_writer(writer).boxed()
@@ -115,5 +121,9 @@ fn install_with_export(
         .with_tracked_inactivity(false)
         .with_context_activation(false)
         .with_filter(spans);
-    let _ = tracing_subscriber::registry().with(log.with_filter(filter)).with(otel).try_init();
+    let installed =
+        tracing_subscriber::registry().with(log.with_filter(filter)).with(otel).try_init();
+    if installed.is_ok() {
+        access::install(access, format);
+    }
 }

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod count;
 pub mod encoding;
 pub mod models;
+pub mod parallel;
 
 pub use cache::TokenCache;
 pub use count::{
@@ -28,6 +29,28 @@ impl Counter<'_> {
     pub fn message(&mut self, msg: &Message) -> usize {
         let enc = self.encoding;
         self.cache.get_or_insert(enc, msg.hash(), || message_tokens(enc, msg))
+    }
+
+    /// Exact tokens of each message of `msgs`, in order (cached); the messages not in the
+    /// cache are counted together, on several threads when their text is large (see
+    /// [`parallel`]).
+    pub fn messages(&mut self, msgs: &[std::sync::Arc<Message>]) -> Vec<usize> {
+        let enc = self.encoding;
+        let missing: Vec<bool> =
+            msgs.iter().map(|m| self.cache.peek(enc, m.hash()).is_none()).collect();
+        let uncounted: Vec<&std::sync::Arc<Message>> =
+            msgs.iter().zip(&missing).filter_map(|(m, &miss)| miss.then_some(m)).collect();
+        let mut fresh = parallel::count_messages(enc, &uncounted).into_iter();
+        msgs.iter()
+            .zip(missing)
+            .map(|(m, miss)| {
+                let counted = if miss { fresh.next() } else { None };
+                // A count evicted since it was looked up is counted again here.
+                self.cache.get_or_insert(enc, m.hash(), || {
+                    counted.unwrap_or_else(|| message_tokens(enc, m))
+                })
+            })
+            .collect()
     }
 
     /// Exact tokens of the tool definitions (cached by the hash of their text).

@@ -10,6 +10,7 @@ use http::{Method, Request, Response, StatusCode};
 
 use super::request_id::RequestId;
 use crate::http::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
+use crate::telemetry::access::{self, AccessLine};
 
 /// Adds the access log to a service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -76,7 +77,9 @@ struct Record {
     status: StatusCode,
 }
 
-/// Logs once when the response body ends, fails or is dropped.
+/// Logs once when the response body ends, fails or is dropped: straight into
+/// foldgate's log when it runs one (see [`crate::telemetry::access`]), else through
+/// `tracing`.
 impl BodyObserver for Record {
     fn end(&mut self, how: BodyEnd) {
         let outcome = match how {
@@ -84,11 +87,23 @@ impl BodyObserver for Record {
             BodyEnd::Failed => "body_error",
             BodyEnd::Dropped => "aborted",
         };
+        let duration_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        let line = AccessLine {
+            method: self.method.as_str(),
+            path: &self.path,
+            status: self.status.as_u16(),
+            duration_ms,
+            request_id: &self.request_id,
+            outcome,
+        };
+        if access::write(&line) {
+            return;
+        }
         tracing::info!(
             method = %self.method,
             path = %self.path,
             status = self.status.as_u16(),
-            duration_ms = self.start.elapsed().as_secs_f64() * 1000.0,
+            duration_ms,
             request_id = %self.request_id,
             outcome,
             "request"
