@@ -28,6 +28,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use foldgate::compaction::tokens::{Encoding, message_tokens};
+use foldgate::model::Message;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -113,6 +115,26 @@ async fn direct(client: &HttpClient, mock: SocketAddr, body: &Bytes) -> Duration
     times[2]
 }
 
+/// The first messages of `history` holding at most `tokens` o200k tokens, ending on a
+/// user or tool message (the recorded sessions hold single messages of many thousand
+/// tokens, so a conversation cut at a token count can overshoot it by far).
+fn at_most(mut history: Vec<Value>, tokens: usize) -> Vec<Value> {
+    let mut total = 0;
+    let keep = history
+        .iter()
+        .position(|m| {
+            let message = Message::from_value(m.clone()).unwrap();
+            total += message_tokens(Encoding::O200kBase, &message);
+            total > tokens
+        })
+        .unwrap_or(history.len());
+    history.truncate(keep);
+    while history.last().is_some_and(|m| m["role"] == "assistant") {
+        history.pop();
+    }
+    history
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -143,7 +165,7 @@ fn main() {
         let mock = mock_upstream::start(COMPLETION).await;
         let mut foldgate = start_foldgate(mock);
         let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-        let history = traces::conversation(tokens);
+        let history = at_most(traces::conversation(tokens * 2), tokens);
         let first = body(&history, 0, 0);
         println!(
             "conversation: {} KB, {} messages, at least {tokens} o200k tokens; gpt-4o (trigger 96k)",

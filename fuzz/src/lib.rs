@@ -91,6 +91,13 @@ pub fn outline(data: &[u8]) {
         assert!(within(data, element));
     }
     let Some(outline) = Outline::scan(data) else { return };
+    // As a request's body, kept on this thread with its outline (and taken up again
+    // when a body of another run starts the same): the same outline.
+    let shared = Bytes::copy_from_slice(data);
+    let kept = Outline::scan_kept(&shared).expect("a request's body scans as the bytes do");
+    assert_eq!(format!("{kept:?}"), format!("{outline:?}"), "a kept scan");
+    let again = Outline::scan_kept(&shared).expect("a body that scanned scans again");
+    assert_eq!(format!("{again:?}"), format!("{outline:?}"), "a resumed scan");
     let _ = (outline.max_reply_tokens(), outline.tools_raw(), outline.first_with_role(Role::User));
     for m in outline.messages() {
         assert!(within(data, outline.raw(m)));
@@ -127,10 +134,10 @@ pub fn chat_request(data: &[u8]) {
 /// A request of an API shape whose messages are rendered back from their original
 /// items: with every message unchanged it renders byte for byte.
 fn renders_unchanged<D: Dialect>(dialect: &D, data: &[u8]) {
-    let _ = dialect.outline(data).map(|o| dialect.outline_model(&o));
+    let original = Bytes::copy_from_slice(data);
+    let _ = dialect.outline(&original).map(|o| dialect.outline_model(&o));
     let Some((request, origins)) = dialect.parse(data) else { return };
     let _ = dialect.server_state(&origins);
-    let original = Bytes::copy_from_slice(data);
     let rewritten = Rewritten { body: Bytes::from(request.to_vec()), request: Arc::new(request) };
     let rendered = dialect.render(&original, &origins, &rewritten);
     assert_eq!(rendered, original, "an unchanged request renders byte for byte");
@@ -271,8 +278,9 @@ fn headers_of(head: &[u8]) -> HeaderMap {
 fn same_key<D: Dialect>(dialect: &D, headers: &HeaderMap, body: &[u8]) {
     // The default headers: foldgate's own and Codex's.
     let named_by = SessionHeaders::default();
+    let shared = Bytes::copy_from_slice(body);
     let from_outline =
-        dialect.outline(body).and_then(|o| dialect.outline_session_key(headers, &named_by, &o));
+        dialect.outline(&shared).and_then(|o| dialect.outline_session_key(headers, &named_by, &o));
     let Some((request, _)) = dialect.parse(body) else { return };
     let parsed = dialect.session_key(headers, &named_by, &request);
     if let Some(from_outline) = from_outline {

@@ -39,8 +39,8 @@ impl Dialect for ChatCompletions {
         None
     }
 
-    fn outline<'a>(&self, body: &'a [u8]) -> Option<Outline<'a>> {
-        Outline::scan(body)
+    fn outline<'a>(&self, body: &'a Bytes) -> Option<Outline<'a>> {
+        Outline::scan_kept(body)
     }
 
     fn outline_model(&self, outline: &Outline<'_>) -> Option<String> {

@@ -63,8 +63,8 @@ impl Dialect for Messages {
         MessagesOverflow
     }
 
-    fn outline<'a>(&self, body: &'a [u8]) -> Option<MessagesOutline<'a>> {
-        Some(MessagesOutline { outline: Outline::scan(body)?, body })
+    fn outline<'a>(&self, body: &'a Bytes) -> Option<MessagesOutline<'a>> {
+        Some(MessagesOutline { outline: Outline::scan_kept(body)?, body })
     }
 
     fn outline_model(&self, outline: &MessagesOutline<'_>) -> Option<String> {
@@ -226,7 +226,8 @@ mod tests {
     fn a_body_with_a_document_is_always_counted() {
         let engine = Engine::new(crate::config::CompactionConfig::default());
         let small = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hi"}]}"#;
-        let outline = Messages.outline(small).unwrap();
+        let small = Bytes::from_static(small);
+        let outline = Messages.outline(&small).unwrap();
         assert!(
             crate::conversation::below(
                 &engine,
@@ -237,7 +238,8 @@ mod tests {
         );
         // A PDF's pages can cost more than its bytes: the quick bound does not hold.
         let pdf = br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0="}}]}]}"#;
-        let outline = Messages.outline(pdf).unwrap();
+        let pdf = Bytes::from_static(pdf);
+        let outline = Messages.outline(&pdf).unwrap();
         assert!(
             crate::conversation::below(
                 &engine,
@@ -283,7 +285,8 @@ mod tests {
         ];
         let mut keys = Vec::new();
         for body in bodies {
-            let outline = Messages.outline(body.as_bytes()).unwrap();
+            let shared = Bytes::copy_from_slice(body.as_bytes());
+            let outline = Messages.outline(&shared).unwrap();
             let (request, _) = Messages.parse(body.as_bytes()).unwrap();
             let parsed = Messages.session_key(&headers, &SessionHeaders::default(), &request);
             let outlined =

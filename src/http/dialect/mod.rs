@@ -64,7 +64,7 @@ pub trait Dialect: Send + Sync + 'static {
     fn compaction(&self) -> Option<Self::Compaction>;
 
     /// The outline of `body`; `None` when the scan cannot follow it (it is parsed then).
-    fn outline<'a>(&self, body: &'a [u8]) -> Option<Self::Outline<'a>>;
+    fn outline<'a>(&self, body: &'a Bytes) -> Option<Self::Outline<'a>>;
 
     /// The model an outline names.
     fn outline_model(&self, outline: &Self::Outline<'_>) -> Option<String>;

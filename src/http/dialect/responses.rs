@@ -73,7 +73,7 @@ impl Dialect for Responses {
 
     /// `None` for a request without `input` or relying on state the provider keeps: it is
     /// parsed, as the decision for it is not the engine's.
-    fn outline<'a>(&self, body: &'a [u8]) -> Option<ResponsesOutline<'a>> {
+    fn outline<'a>(&self, body: &'a Bytes) -> Option<ResponsesOutline<'a>> {
         let fields = Outline::scan_fields(body)?;
         let server_state = ["previous_response_id", "conversation"]
             .iter()
@@ -308,6 +308,7 @@ mod tests {
         headers.insert("authorization", "Bearer sk-a".parse().unwrap());
         for body in bodies() {
             let bytes = serde_json::to_vec(&body).unwrap();
+            let bytes = Bytes::from(bytes);
             let outline = Responses.outline(&bytes).unwrap();
             let (request, _) = Responses.parse(&bytes).unwrap();
             let parsed = Responses.session_key(&headers, &SessionHeaders::default(), &request);
@@ -325,6 +326,7 @@ mod tests {
         let user = json!({"role": "user", "content": "hi"});
         // A compaction item before any system message is the first system message.
         let body = serde_json::to_vec(&json!({"model": "m", "input": [pinned, user]})).unwrap();
+        let body = Bytes::from(body);
         let outline = Responses.outline(&body).unwrap();
         assert_eq!(
             Responses.outline_session_key(&headers, &SessionHeaders::default(), &outline),
@@ -342,7 +344,10 @@ mod tests {
             json!({"model": "m", "input": [user], "conversation": "conv_1"}),
             json!({"model": "m"}),
         ] {
-            assert!(Responses.outline(&serde_json::to_vec(&body).unwrap()).is_none(), "{body}");
+            assert!(
+                Responses.outline(&Bytes::from(serde_json::to_vec(&body).unwrap())).is_none(),
+                "{body}"
+            );
         }
     }
 
@@ -351,6 +356,7 @@ mod tests {
         let engine = Engine::new(crate::config::CompactionConfig::default());
         for body in bodies() {
             let bytes = serde_json::to_vec(&body).unwrap();
+            let bytes = Bytes::from(bytes);
             let outline = Responses.outline(&bytes).unwrap();
             let measure = Responses.measure(&outline).unwrap();
             let report = crate::conversation::below(&engine, measure, &Options::default()).unwrap();

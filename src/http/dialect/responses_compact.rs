@@ -43,7 +43,7 @@ impl Dialect for ResponsesCompact {
         Some(CompactEndpoint)
     }
 
-    fn outline<'a>(&self, _: &'a [u8]) -> Option<Self::Outline<'a>> {
+    fn outline<'a>(&self, _: &'a Bytes) -> Option<Self::Outline<'a>> {
         None
     }
 

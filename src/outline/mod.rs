@@ -8,7 +8,11 @@
 //! and the provider judges it. Anything unusual (a key with escapes, a body that is not
 //! an object, unbalanced brackets) gives `None`, and the caller parses properly.
 
+mod kept;
+
 use std::ops::Range;
+
+use bytes::Bytes;
 
 use crate::model::Role;
 
@@ -43,37 +47,66 @@ impl<'a> Outline<'a> {
     /// Scans `body`; `None` when it is not a JSON object with a `messages` array whose
     /// elements are objects, or when the scan meets anything it does not expect.
     pub fn scan(body: &'a [u8]) -> Option<Self> {
-        Self::scan_with(body, true)
+        Self::scan_with(body, true, None)
+    }
+
+    /// [`Outline::scan`] of a request's body, which this thread keeps with its outline
+    /// for the bodies that continue it: a body that starts as a kept one, up to the end
+    /// of its last message, is scanned only from there (see `kept`). The same outline
+    /// as [`Outline::scan`]'s.
+    pub fn scan_kept(body: &'a Bytes) -> Option<Self> {
+        Self::scan_with(body, true, Some(body))
     }
 
     /// Scans the top-level fields of a JSON object body of another shape (no `messages`
     /// are read: [`Outline::messages`] is empty); `None` when the scan meets anything it
     /// does not expect.
     pub fn scan_fields(body: &'a [u8]) -> Option<Self> {
-        Self::scan_with(body, false)
+        Self::scan_with(body, false, None)
     }
 
-    fn scan_with(body: &'a [u8], read_messages: bool) -> Option<Self> {
+    fn scan_with(body: &'a [u8], read_messages: bool, shared: Option<&Bytes>) -> Option<Self> {
         let mut scan = Scanner { body, pos: 0, mentions: Mentions::default() };
         let mut fields = Vec::new();
         let mut messages = None;
-        scan.expect(b'{')?;
-        if scan.peek()? == b'}' {
-            return None;
+        // Where the `messages` array opened, and the fields before it (see `kept`).
+        let mut opened = None;
+        // A body that starts as one scanned before on this thread, up to the end of that
+        // one's last message: its scan goes on from there.
+        let resumed = if read_messages && shared.is_some() { kept::resume(body) } else { None };
+        let mut resuming = resumed.is_some();
+        if let Some(resumed) = resumed {
+            for (key, value) in resumed.fields {
+                fields.push((std::str::from_utf8(&body[key]).ok()?, value));
+            }
+            scan.pos = resumed.end;
+            opened = Some((resumed.opened, fields.len()));
+            messages = Some(scan.messages_from(resumed.messages)?);
+            fields.push(("messages", resumed.opened..scan.pos));
+        } else {
+            scan.expect(b'{')?;
+            if scan.peek()? == b'}' {
+                return None;
+            }
         }
         loop {
-            let key = std::str::from_utf8(scan.key()?).ok()?;
-            scan.expect(b':')?;
-            scan.whitespace();
-            let start = scan.pos;
-            if read_messages && key == "messages" {
-                messages = Some(scan.messages()?);
+            if resuming {
+                resuming = false;
             } else {
-                scan.value()?;
+                let key = std::str::from_utf8(scan.key()?).ok()?;
+                scan.expect(b':')?;
+                scan.whitespace();
+                let start = scan.pos;
+                if read_messages && key == "messages" {
+                    opened = Some((start, fields.len()));
+                    messages = Some(scan.messages()?);
+                } else {
+                    scan.value()?;
+                }
+                // The last of duplicate keys wins, as with a parser.
+                fields.retain(|(k, _): &(&str, Range<usize>)| *k != key);
+                fields.push((key, start..scan.pos));
             }
-            // The last of duplicate keys wins, as with a parser.
-            fields.retain(|(k, _): &(&str, Range<usize>)| *k != key);
-            fields.push((key, start..scan.pos));
             match scan.next_byte()? {
                 b',' => continue,
                 b'}' => break,
@@ -86,7 +119,11 @@ impl<'a> Outline<'a> {
         if read_messages && messages.is_none() {
             return None;
         }
-        Some(Self { body, fields, messages: messages.unwrap_or_default() })
+        let outline = Self { body, fields, messages: messages.unwrap_or_default() };
+        if let (Some((opened, before)), Some(shared)) = (opened, shared) {
+            kept::keep(&outline, shared, opened, before);
+        }
+        Some(outline)
     }
 
     /// The raw text of a top-level field.
@@ -283,8 +320,13 @@ impl<'a> Scanner<'a> {
     /// key-by-key walk of every message cost three times as much).
     fn messages(&mut self) -> Option<Vec<MessageOutline>> {
         self.expect(b'[')?;
+        self.messages_from(Vec::new())
+    }
+
+    /// The rest of a messages array, from `pos` between two of its elements (or after
+    /// its `[`), after the messages `out` already found.
+    fn messages_from(&mut self, mut out: Vec<MessageOutline>) -> Option<Vec<MessageOutline>> {
         let body = self.body;
-        let mut out = Vec::new();
         // Depth 0: between messages; 1: directly inside a message object; deeper: inside
         // one of its values.
         let mut depth = 0usize;
