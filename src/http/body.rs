@@ -49,6 +49,9 @@ pub trait BodyObserver: Send + Unpin + 'static {
     fn data(&mut self, _data: &Bytes) {}
     /// The body ended; called exactly once.
     fn end(&mut self, how: BodyEnd);
+    /// True when `end` is cheap enough to run where the body ends, before its last bytes
+    /// are flushed, instead of in a task of its own after them.
+    const INLINE: bool = false;
 }
 
 /// A body watched by `O` without a byte changed or delayed: `O::end` runs in a task
@@ -67,6 +70,9 @@ impl<O: BodyObserver> Observed<O> {
 
     fn end(&mut self, how: BodyEnd) {
         let Some(mut observer) = self.observer.take() else { return };
+        if O::INLINE {
+            return observer.end(how);
+        }
         // hyper drops a finished body before it flushes the last bytes to the socket:
         // the observer runs in a task of its own, after that flush.
         match tokio::runtime::Handle::try_current() {

@@ -133,7 +133,13 @@ impl<'a> Outline<'a> {
 
     /// The `model` field.
     pub fn model(&self) -> Option<String> {
-        serde_json::from_slice(self.field("model")?).ok()
+        let raw = self.field("model")?;
+        // A name without escapes is its bytes between the quotes.
+        let plain = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\""));
+        match plain.filter(|inner| !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20)) {
+            Some(inner) => std::str::from_utf8(inner).ok().map(str::to_owned),
+            None => serde_json::from_slice(raw).ok(),
+        }
     }
 
     /// The reply reserve asked for: `max_completion_tokens`, else `max_tokens`.

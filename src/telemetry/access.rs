@@ -63,16 +63,16 @@ fn format(out: &mut String, format: LogFormat, secs: u64, micros: u32, line: &Ac
     match format {
         LogFormat::Text => {
             timestamp(out, secs, micros);
-            let _ = write!(
-                out,
-                "  INFO {TARGET}: request method={} path={} status={} duration_ms={:?} request_id={} outcome={:?}",
-                line.method,
-                line.path,
-                line.status,
-                line.duration_ms,
-                line.request_id,
-                line.outcome
-            );
+            out.push_str("  INFO ");
+            out.push_str(TARGET);
+            out.push_str(": request method=");
+            out.push_str(line.method);
+            out.push_str(" path=");
+            out.push_str(line.path);
+            let _ = write!(out, " status={} duration_ms={:?}", line.status, line.duration_ms);
+            out.push_str(" request_id=");
+            out.push_str(line.request_id);
+            let _ = write!(out, " outcome={:?}", line.outcome);
         }
         LogFormat::Json => {
             out.push_str("{\"timestamp\":\"");
@@ -109,8 +109,33 @@ fn timestamp(out: &mut String, secs: u64, micros: u32) {
     let of_day = secs % 86_400;
     let (year, month, day) = civil_from_days(days);
     let (hour, minute, second) = (of_day / 3600, of_day / 60 % 60, of_day % 60);
-    let _ =
-        write!(out, "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{micros:06}Z");
+    match u64::try_from(year) {
+        Ok(year) if year <= 9999 => digits(out, year, 4),
+        // Years the layout below does not hold, written as the formatter writes them.
+        _ => drop(write!(out, "{year:04}")),
+    }
+    out.push('-');
+    digits(out, u64::from(month), 2);
+    out.push('-');
+    digits(out, u64::from(day), 2);
+    out.push('T');
+    digits(out, hour, 2);
+    out.push(':');
+    digits(out, minute, 2);
+    out.push(':');
+    digits(out, second, 2);
+    out.push('.');
+    digits(out, u64::from(micros), 6);
+    out.push('Z');
+}
+
+/// The last `width` decimal digits of `value`, zero-padded.
+fn digits(out: &mut String, value: u64, width: u32) {
+    let mut place = 10u64.pow(width.saturating_sub(1));
+    for _ in 0..width {
+        out.push(char::from(b'0' + (value / place % 10) as u8));
+        place = (place / 10).max(1);
+    }
 }
 
 /// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's algorithm).

@@ -39,16 +39,22 @@ const BUILTIN: &[(&str, Encoding, usize)] = &[
 /// Looks a model up: configured entries first, then the built-in table, then the
 /// configured defaults. A provider prefix (`openai/gpt-4o`) is ignored.
 pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
-    let lower = model.to_ascii_lowercase();
-    let bare = lower.rsplit('/').next().unwrap_or(&lower);
-    // Patterns are compared lowercased; most already are, and this runs per request.
+    // This runs per request: nothing is copied unless something is in uppercase.
+    let lower = if model.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(model.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(model)
+    };
+    let lower = lower.as_ref();
+    let bare = lower.rsplit('/').next().unwrap_or(lower);
+    // Patterns are compared lowercased; most already are.
     let matches = |pattern: &str| {
         let p = if pattern.bytes().any(|b| b.is_ascii_uppercase()) {
             std::borrow::Cow::Owned(pattern.to_ascii_lowercase())
         } else {
             std::borrow::Cow::Borrowed(pattern)
         };
-        glob(&p, &lower) || glob(&p, bare)
+        glob(&p, lower) || glob(&p, bare)
     };
     for entry in &cfg.models {
         if matches(&entry.pattern) {
@@ -70,18 +76,18 @@ pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
 
 /// Glob match where `*` matches any run of characters.
 fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or("");
-    let Some(mut rest) = text.strip_prefix(first) else { return false };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
-    for part in middle {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
+    let Some((first, rest)) = pattern.split_once('*') else { return pattern == text };
+    let Some(mut text) = text.strip_prefix(first) else { return false };
+    // `rest` is what follows the first `*`: parts between stars, then the last part,
+    // which must end the text.
+    let (middle, last) = rest.rsplit_once('*').unwrap_or(("", rest));
+    for part in middle.split('*').filter(|p| !p.is_empty()) {
+        match text.find(part) {
+            Some(i) => text = &text[i + part.len()..],
             None => return false,
         }
     }
-    rest.ends_with(last)
+    text.ends_with(last)
 }
 
 #[cfg(test)]
