@@ -115,24 +115,43 @@ async fn direct(client: &HttpClient, mock: SocketAddr, body: &Bytes) -> Duration
     times[2]
 }
 
-/// The first messages of `history` holding at most `tokens` o200k tokens, ending on a
-/// user or tool message (the recorded sessions hold single messages of many thousand
-/// tokens, so a conversation cut at a token count can overshoot it by far).
-fn at_most(mut history: Vec<Value>, tokens: usize) -> Vec<Value> {
+/// The first messages of `history` holding about `tokens` o200k tokens (at most), ending
+/// on a user or tool message. The recorded sessions hold single messages of many
+/// thousand tokens: the message that would overshoot, when its content is text (not
+/// calls), is cut to the room left.
+fn at_most(history: Vec<Value>, tokens: usize) -> Vec<Value> {
+    let count =
+        |m: &Value| message_tokens(Encoding::O200kBase, &Message::from_value(m.clone()).unwrap());
+    let mut out = Vec::new();
     let mut total = 0;
-    let keep = history
-        .iter()
-        .position(|m| {
-            let message = Message::from_value(m.clone()).unwrap();
-            total += message_tokens(Encoding::O200kBase, &message);
-            total > tokens
-        })
-        .unwrap_or(history.len());
-    history.truncate(keep);
-    while history.last().is_some_and(|m| m["role"] == "assistant") {
-        history.pop();
+    for m in history {
+        let n = count(&m);
+        if total + n <= tokens {
+            total += n;
+            out.push(m);
+            continue;
+        }
+        let cuttable = m.get("tool_calls").is_none_or(Value::is_null);
+        if let (true, Some(text)) = (cuttable, m["content"].as_str()) {
+            let mut chars: Vec<char> = text.chars().collect();
+            let mut cut = m.clone();
+            while !chars.is_empty() {
+                let room = (tokens - total) as f64 / count(&cut).max(1) as f64;
+                chars.truncate((chars.len() as f64 * room.min(0.99)) as usize);
+                cut["content"] = json!(chars.iter().collect::<String>());
+                if total + count(&cut) <= tokens {
+                    out.push(cut);
+                    break;
+                }
+            }
+        }
+        break;
     }
-    history
+    // A request ends on a user or tool message.
+    if out.last().is_some_and(|m| m["role"] == "assistant") {
+        out.push(json!({"role": "user", "content": "Go on."}));
+    }
+    out
 }
 
 fn ms(d: Duration) -> f64 {

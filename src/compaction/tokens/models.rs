@@ -12,7 +12,8 @@ pub struct ModelSpec {
     pub context_window: usize,
 }
 
-/// Built-in entries, first match wins; `*` matches any run of characters.
+/// Built-in entries, first match wins; each pattern is a prefix followed by `*` (any run
+/// of characters), and nothing else: they are matched as prefixes.
 const BUILTIN: &[(&str, Encoding, usize)] = &[
     ("gpt-5*", Encoding::O200kBase, 400_000),
     ("gpt-4.1*", Encoding::O200kBase, 1_047_576),
@@ -54,7 +55,7 @@ pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
         } else {
             std::borrow::Cow::Borrowed(pattern)
         };
-        glob(&p, lower) || glob(&p, bare)
+        glob(&p, lower) || (bare.len() < lower.len() && glob(&p, bare))
     };
     for entry in &cfg.models {
         if matches(&entry.pattern) {
@@ -64,7 +65,8 @@ pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
         }
     }
     for (pattern, encoding, window) in BUILTIN {
-        if matches(pattern) {
+        let prefix = pattern.strip_suffix('*').unwrap_or(pattern);
+        if lower.starts_with(prefix) || bare.starts_with(prefix) {
             return ModelSpec { encoding: *encoding, context_window: *window };
         }
     }
@@ -129,6 +131,14 @@ mod tests {
         });
         assert_eq!(resolve("vendor/LOCAL-llama-3", &cfg).context_window, 4096);
         assert_eq!(resolve("GPT-4o-mini", &cfg).context_window, 1000);
+    }
+
+    #[test]
+    fn built_in_patterns_are_prefixes() {
+        for (pattern, _, _) in BUILTIN {
+            let prefix = pattern.strip_suffix('*').unwrap();
+            assert!(!prefix.contains('*') && prefix == prefix.to_ascii_lowercase(), "{pattern}");
+        }
     }
 
     #[test]
