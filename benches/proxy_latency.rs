@@ -61,6 +61,8 @@ const OTHER_LOAD_LIMIT: f64 = 0.25;
 const MAX_REDOS_PER_SLICE: usize = 3;
 const MAX_REDOS: usize = 16;
 const TARGET_RATIO: f64 = 1.3;
+/// foldgate's CPU time per request at most this many times nginx's.
+const CPU_RATIO: f64 = 1.2;
 const BODIES: [(&str, usize); 2] = [("2 KB", 2 * 1024), ("50 KB", 50 * 1024)];
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -884,17 +886,18 @@ fn table_rows(table: &mut String, label: &str, len: usize, s: &[Summary]) {
 }
 
 /// The verdict of one body size (`label`) for each foldgate target: its added latency
-/// against nginx's at p50 (the target at `rate`) and p99, and its CPU per request.
+/// against nginx's at p50 (the target at `rate`) and p99, and its CPU per request against nginx's (target [`CPU_RATIO`]).
 fn verdict_lines(verdict: &mut String, label: &str, s: &[Summary], rate: u32) {
     let show = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
     for t in [2, 3] {
         let p50_ratio = ratio(s[t].p50 - s[0].p50, s[1].p50 - s[0].p50);
         let p99_ratio = ratio(s[t].p99 - s[0].p99, s[1].p99 - s[0].p99);
+        let cpu_ratio = s[t].cpu_per_request.zip(s[1].cpu_per_request).map(|(f, n)| f / n);
         let _ = writeln!(
             verdict,
             "- {label}, {}: added {:.3} ms at p50 (nginx {:.3} ms) → ratio **{}** \
              (target ≤ {TARGET_RATIO} at {} rps: {}); at p99 {:.3} ms (nginx {:.3} ms) \
-             → ratio {}; CPU {} µs/request (nginx {})",
+             → ratio {}; CPU {} µs/request (nginx {}) → **{}× nginx's** (target ≤ {CPU_RATIO}: {})",
             Target::ALL[t].name(),
             s[t].p50 - s[0].p50,
             s[1].p50 - s[0].p50,
@@ -910,6 +913,12 @@ fn verdict_lines(verdict: &mut String, label: &str, s: &[Summary], rate: u32) {
             show(p99_ratio),
             s[t].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
             s[1].cpu_per_request.map_or("–".to_owned(), |c| format!("{c:.0}")),
+            show(cpu_ratio),
+            match cpu_ratio {
+                Some(r) if r <= CPU_RATIO => "met",
+                Some(_) => "missed",
+                None => "not measured",
+            },
         );
     }
 }
