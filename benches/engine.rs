@@ -10,7 +10,7 @@
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use foldgate::compaction::tokens::{Encoding, message_tokens};
+use foldgate::compaction::tokens::{Counter, Encoding, message_tokens};
 use foldgate::compaction::{Budget, Engine, Forward, Options, SessionState, TokenCache};
 use foldgate::config::CompactionConfig;
 use foldgate::model::{ChatRequest, Message};
@@ -78,6 +78,14 @@ fn parse_benches(c: &mut Criterion, full: &[u8], req: &ChatRequest) {
     g.bench_function("messages_100k_tokens", |b| {
         b.iter(|| {
             req.messages().iter().map(|m| message_tokens(Encoding::O200kBase, m)).sum::<usize>()
+        })
+    });
+    // As a request is counted: the uncounted messages on up to as many threads as cores.
+    g.bench_function("messages_100k_tokens_parallel", |b| {
+        b.iter(|| {
+            let mut cache = TokenCache::default();
+            let mut counter = Counter { encoding: Encoding::O200kBase, cache: &mut cache };
+            counter.messages(req.messages()).iter().sum::<usize>()
         })
     });
     g.finish();
