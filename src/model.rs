@@ -80,6 +80,16 @@ impl Role {
 /// The marker that starts every digest message foldgate writes.
 pub const DIGEST_MARKER: &str = "[COMPACTED CONTEXT]";
 
+/// What the planner asks of a message, read once from its value.
+#[derive(Debug, Clone, Copy)]
+struct Kind {
+    role: Role,
+    /// A digest written by foldgate (see [`Message::is_digest`]).
+    digest: bool,
+    /// An assistant message that calls tools or a function.
+    makes_calls: bool,
+}
+
 /// One chat message: the exact JSON text it came from, a hash of that text (the key of
 /// the token cache and of fold block ranges), and its parsed value.
 ///
@@ -93,6 +103,8 @@ pub struct Message {
     hash: u64,
     /// Whether the text reads as a command's output (see [`is_observation`]).
     output_like: OnceLock<bool>,
+    /// What the planner asks of every message, many times over, read once.
+    kind: OnceLock<Kind>,
 }
 
 impl Message {
@@ -103,7 +115,13 @@ impl Message {
             return Err(ModelError::NoMessages);
         }
         let hash = xxh3_64(raw.get().as_bytes());
-        Ok(Self { value: OnceLock::new(), raw, hash, output_like: OnceLock::new() })
+        Ok(Self {
+            value: OnceLock::new(),
+            raw,
+            hash,
+            output_like: OnceLock::new(),
+            kind: OnceLock::new(),
+        })
     }
 
     /// Wraps a value (serializing it once for its raw text and hash).
@@ -112,7 +130,7 @@ impl Message {
         let raw = RawValue::from_string(text).map_err(ModelError::Serialize)?;
         let hash = xxh3_64(raw.get().as_bytes());
         let value = OnceLock::from((value, true));
-        Ok(Self { value, raw, hash, output_like: OnceLock::new() })
+        Ok(Self { value, raw, hash, output_like: OnceLock::new(), kind: OnceLock::new() })
     }
 
     /// The parsed message (parsed now if it was not yet). Text that a `RawValue` held
@@ -160,7 +178,26 @@ impl Message {
 
     /// The role.
     pub fn role(&self) -> Role {
-        Role::parse(self.value().get("role").and_then(Value::as_str).unwrap_or(""))
+        self.kind().role
+    }
+
+    fn kind(&self) -> Kind {
+        *self.kind.get_or_init(|| {
+            let role = Role::parse(self.value().get("role").and_then(Value::as_str).unwrap_or(""));
+            let first = match self.content() {
+                Some(Value::String(s)) => Some(s.as_str()),
+                Some(Value::Array(parts)) => {
+                    parts.iter().find_map(|p| p.get("text").and_then(Value::as_str))
+                }
+                _ => None,
+            };
+            let calls = !self.tool_calls().is_empty() || self.function_call().is_some();
+            Kind {
+                role,
+                digest: first.is_some_and(|t| t.trim_start().starts_with(DIGEST_MARKER)),
+                makes_calls: role == Role::Assistant && calls,
+            }
+        })
     }
 
     /// The `name` field, if any.
@@ -191,8 +228,7 @@ impl Message {
 
     /// True for an assistant message that calls tools or a function.
     pub fn makes_calls(&self) -> bool {
-        self.role() == Role::Assistant
-            && (!self.tool_calls().is_empty() || self.function_call().is_some())
+        self.kind().makes_calls
     }
 
     /// `tool_call_id` of a tool message.
@@ -202,14 +238,7 @@ impl Message {
 
     /// True for a digest written by foldgate (content starts with [`DIGEST_MARKER`]).
     pub fn is_digest(&self) -> bool {
-        let first = match self.content() {
-            Some(Value::String(s)) => Some(s.as_str()),
-            Some(Value::Array(parts)) => {
-                parts.iter().find_map(|p| p.get("text").and_then(Value::as_str))
-            }
-            _ => None,
-        };
-        first.is_some_and(|t| t.trim_start().starts_with(DIGEST_MARKER))
+        self.kind().digest
     }
 
     /// True when the text has the shape of a command's output as text-mode agents send

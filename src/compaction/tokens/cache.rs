@@ -23,6 +23,9 @@ pub struct TokenCache {
     misses: u64,
 }
 
+/// The most counts one generation of a cache grows to hold (see [`TokenCache::hold`]).
+pub const MAX_CAPACITY: usize = 1 << 20;
+
 impl Default for TokenCache {
     fn default() -> Self {
         Self::new(8192)
@@ -46,6 +49,13 @@ impl TokenCache {
             Encoding::O200kBase => hash,
             Encoding::Cl100kBase => hash.rotate_left(17) ^ 0x9E37_79B9_7F4A_7C15,
         }
+    }
+
+    /// Grows the cache to hold `entries` counts in one generation (at most
+    /// [`MAX_CAPACITY`]), so that a request of that many messages, counted once, stays
+    /// counted while it is planned.
+    pub fn hold(&mut self, entries: usize) {
+        self.capacity = self.capacity.max(entries.min(MAX_CAPACITY));
     }
 
     /// The cached count, or `compute()` stored under the key.

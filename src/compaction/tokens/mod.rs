@@ -36,6 +36,7 @@ impl Counter<'_> {
     /// [`parallel`]).
     pub fn messages(&mut self, msgs: &[std::sync::Arc<Message>]) -> Vec<usize> {
         let enc = self.encoding;
+        self.cache.hold(msgs.len());
         let missing: Vec<bool> =
             msgs.iter().map(|m| self.cache.peek(enc, m.hash()).is_none()).collect();
         let uncounted: Vec<&std::sync::Arc<Message>> =
