@@ -36,8 +36,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
+use args::arg;
 use foldgate_process::{ChildGuard, FoldgateOptions};
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/foldgate_process.rs"]
 mod foldgate_process;
 #[path = "support/mock_upstream.rs"]
@@ -128,15 +131,6 @@ async fn load(addr: SocketAddr, bodies: &[Bytes], session: &str, rate: u32, seco
 fn pct(sorted: &[Duration], q: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
     sorted[i].as_secs_f64() * 1000.0
-}
-
-fn arg(name: &str, default: u32) -> u32 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn main() {

@@ -37,8 +37,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
+use args::arg;
 use foldgate_process::{ChildGuard, FoldgateOptions};
 
+#[path = "support/args.rs"]
+mod args;
 #[path = "support/foldgate_process.rs"]
 mod foldgate_process;
 #[path = "support/mock_upstream.rs"]
@@ -164,15 +167,6 @@ fn added(through: Duration, direct: Duration) -> f64 {
 
 fn pct(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn main() {
