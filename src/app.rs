@@ -73,6 +73,11 @@ fn build_pipeline(
         (!m.team_header.is_empty()).then(|| Teams::new(&m.team_header, &m.teams, m.max_teams));
     let metrics = Arc::new(Metrics::new()?.with_teams(teams));
     let store = session_store(config, &metrics)?;
+    // Read when the metrics are scraped; a weak handle, as the store reports to them.
+    let figures = Arc::downgrade(&store);
+    metrics.read_at_scrape(Box::new(move || {
+        figures.upgrade().map(|store| (store.active_sessions(), store.failovers_seen()))
+    }));
     let summarizers = match config.summarizer.kind {
         SummarizerKind::Extractive => Summarizers::Extractive,
         SummarizerKind::Llm => {

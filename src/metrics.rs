@@ -557,6 +557,8 @@ pub struct Metrics {
     pub team_tokens: IntCounterVec,
     teams: Option<Teams>,
     per_request: PerRequest,
+    /// The session store's figures, read at each scrape.
+    at_scrape: std::sync::OnceLock<StoreFigures>,
 }
 
 /// The team labels of token usage: a bounded set, whatever clients send. With an
@@ -635,6 +637,10 @@ impl PromptSplit {
     }
 }
 
+/// Reads the session store's figures for a scrape: conversations held and failovers
+/// seen (see [`Metrics::read_at_scrape`]).
+pub type StoreFigures = Box<dyn Fn() -> Option<(usize, u64)> + Send + Sync>;
+
 /// Metric creation failed (a programming error: duplicate or invalid names).
 #[derive(Debug, thiserror::Error)]
 #[error("metrics: {0}")]
@@ -692,6 +698,7 @@ impl Metrics {
             teams: None,
             registry,
             per_request: PerRequest::default(),
+            at_scrape: std::sync::OnceLock::new(),
         }
         .with_known_labels())
     }
@@ -760,8 +767,20 @@ impl Metrics {
         self
     }
 
+    /// Reads the session store's figures (conversations held, failovers seen) when the
+    /// metrics are scraped, with `figures` (`None` once the store is gone): the gauges
+    /// of a state, read when they are asked for instead of by every request. The first
+    /// call sets it.
+    pub fn read_at_scrape(&self, figures: StoreFigures) {
+        let _ = self.at_scrape.set(figures);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
+        if let Some((active, failovers)) = self.at_scrape.get().and_then(|figures| figures()) {
+            self.active_sessions.set(i64::try_from(active).unwrap_or(i64::MAX));
+            self.store_failovers_seen(failovers);
+        }
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::warn!(error = %e, "cannot render metrics");

@@ -74,9 +74,6 @@ pub struct Record {
     pub started: Instant,
     /// Each send upstream (the first, and the retry after an overflow).
     sends: [Option<Sent>; 2],
-    /// The conversation store's figures when the answer went out: active sessions and
-    /// failovers seen.
-    store: Option<(usize, u64)>,
 }
 
 /// What the client asked, as the request's span names it.
@@ -130,7 +127,6 @@ impl Record {
             chain_stored: None,
             started,
             sends: [None, None],
-            store: None,
         }
     }
 
@@ -142,11 +138,6 @@ impl Record {
             [first @ None, _] => *first = sent,
             [_, retry] => *retry = sent,
         }
-    }
-
-    /// Notes the conversation store's figures (active sessions, failovers seen).
-    pub fn store_figures(&mut self, active: usize, failovers: u64) {
-        self.store = Some((active, failovers));
     }
 
     /// The request's outcome, when it is a request of a compacted route.
@@ -255,10 +246,6 @@ impl Record {
                 learned_window: decided.learned,
             };
             span::record_turn(span, &turn);
-        }
-        if let Some((active, failovers)) = self.store {
-            metrics.active_sessions.set(i64::try_from(active).unwrap_or(i64::MAX));
-            metrics.store_failovers_seen(failovers);
         }
         if decided.learned.is_some() {
             metrics.learned_window(WindowEvent::Applied);

@@ -7,6 +7,7 @@
 //! Bounded in memory; with a shared store the windows are written there too and read
 //! back periodically, so replicas learn from each other.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -28,12 +29,16 @@ pub const MIN_WINDOW: usize = 1024;
 #[derive(Debug, Default)]
 pub struct LearnedWindows {
     map: DashMap<String, (usize, Instant)>,
+    /// True once a window was learned: until then a lookup (every request asks) reads
+    /// this flag alone. Asking the map whether it is empty takes a lock of each of its
+    /// shards, lines every connection thread would write to on every request.
+    any: AtomicBool,
 }
 
 impl LearnedWindows {
     /// The learned window of `model`, if any and not expired.
     pub fn get(&self, model: &str) -> Option<usize> {
-        if self.map.is_empty() {
+        if !self.any.load(Ordering::Acquire) {
             return None;
         }
         self.map.get(model).filter(|e| e.1.elapsed() < WINDOW_TTL).map(|e| e.0)
@@ -60,6 +65,7 @@ impl LearnedWindows {
             }
         }
         self.map.insert(model.to_owned(), (window, Instant::now()));
+        self.any.store(true, Ordering::Release);
         true
     }
 

@@ -456,10 +456,6 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         record.answered_here = !upstream;
         record.tag(response.headers_mut());
         let mut ends = AnswerEnds::metrics(self.place.metrics);
-        if record.decided.is_some() {
-            let conversations = &routes.conversations;
-            record.store_figures(conversations.active_sessions(), conversations.failovers_seen());
-        }
         if let Some(decided) = &record.decided {
             if let Some(inspector) = &routes.inspector {
                 let (key, model) = (&decided.key, decided.model);
