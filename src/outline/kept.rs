@@ -162,8 +162,15 @@ pub(super) fn keep(outline: &Outline<'_>, shared: &Bytes, opened: usize, before:
         let mut drop_at = (slot + 1) % KEPT;
         while thread.bytes() > KEPT_BYTES && thread.kept.len() > 1 {
             if drop_at < thread.kept.len() && drop_at != slot {
-                thread.kept[drop_at].body = Bytes::new();
-                thread.kept[drop_at].end = usize::MAX;
+                // An emptied slot matches no body (its end is past any).
+                let emptied = Kept {
+                    body: Bytes::new(),
+                    end: usize::MAX,
+                    opened: 0,
+                    fields: Vec::new(),
+                    messages: Vec::new(),
+                };
+                thread.kept[drop_at] = emptied;
             }
             drop_at = (drop_at + 1) % KEPT;
             if drop_at == slot {
@@ -238,6 +245,19 @@ mod tests {
         }
         // Every body after the first continued one kept before, or was sent again.
         assert!(super::resumes() - resumed >= 20, "{}", super::resumes() - resumed);
+    }
+
+    #[test]
+    fn the_bodies_kept_stay_within_their_bytes() {
+        // Bodies of about 1.5 MiB: no more than five fit the bytes kept.
+        for i in 0..12 {
+            let text = format!("{i:02}") + &"x".repeat(1_500_000);
+            let body =
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{text}"}}]}}"#);
+            assert!(scan(body.as_bytes()).is_some());
+            let held = super::THREAD.with(|t| t.borrow().bytes());
+            assert!(held <= super::KEPT_BYTES, "{held}");
+        }
     }
 
     proptest::proptest! {
