@@ -181,7 +181,7 @@ fn main() {
         let history = at_most(traces::conversation(tokens * 2), tokens);
         let first = body(&history, 0, 0);
         println!(
-            "conversation: {} KB, {} messages, at least {tokens} o200k tokens; gpt-4o (trigger 96k)",
+            "conversation: {} KiB, {} messages, at most {tokens} o200k tokens; gpt-4o (trigger 95,232)",
             first.len() / 1024,
             history.len()
         );
