@@ -371,8 +371,3 @@ pub fn team_of(metrics: &Metrics, headers: &HeaderMap) -> Option<Arc<str>> {
 pub fn answered(metrics: &Metrics, route: Route, status: u16) {
     metrics.request(route, status);
 }
-
-/// Sets the gauge of conversations in the store.
-pub fn active_sessions(metrics: &Metrics, active: usize) {
-    metrics.active_sessions.set(i64::try_from(active).unwrap_or(i64::MAX));
-}

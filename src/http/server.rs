@@ -354,9 +354,9 @@ async fn sweep_sessions(state: Arc<AppState>) {
         }
         let conversations = &state.compacted.conversations;
         let dropped = conversations.sweep();
-        let active = conversations.active_sessions();
-        super::record::active_sessions(&state.metrics, active);
+        // The gauge of conversations held is read when the metrics are scraped.
         if dropped > 0 {
+            let active = conversations.active_sessions();
             tracing::debug!(dropped, active, "expired sessions dropped");
         }
     }
