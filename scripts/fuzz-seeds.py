@@ -196,6 +196,11 @@ SAMPLES = {
     "anthropic_edits": [],
     # A zstd frame (one RLE block of five "a") and a brotli stream ("abc"), written by
     # hand: the standard library writes neither; then deflate inside gzip (first byte 5).
+    "upstream_response": [control(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", b"\x02\x05\x0b"),
+                          control(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                                  b"5;x=1\r\nhello\r\n0\r\nx-sum: 1\r\n\r\n", b"\x02\x03\x05"),
+                          control(b"HTTP/1.0 200 OK\r\n\r\nuntil close"),
+                          control(b"HTTP/1.1 204 No Content\r\n\r\nleft", b"\x01\x04")],
     "request_encoding": [b"\x03" + bytes.fromhex("28b52ffd200515000061"), b"\x02" + bytes.fromhex("0b01806162630300"),
                          b"\x05" + gzip.compress(zlib.compress(b'{"model":"m"}'))],
 }

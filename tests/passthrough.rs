@@ -359,3 +359,84 @@ async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout() {
     assert_eq!(mock.closed.load(SeqCst), 1, "idle connection closed");
     assert!(waited.elapsed() < Duration::from_millis(1500), "{:?}", waited.elapsed());
 }
+
+/// An upstream that answers by the request path, as raw bytes: a chunked body with
+/// trailers and an interim 103, a close-delimited HTTP/1.0 body, or a length; it counts
+/// connections and the requests each carried.
+async fn framing_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    // One request at a time: its head, then its body (content-length).
+                    let end = loop {
+                        if let Some(at) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&seen[..end]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while seen.len() < end + length {
+                        let n = stream.read(&mut buf).await.unwrap();
+                        seen.extend_from_slice(&buf[..n]);
+                    }
+                    seen.drain(..end + length);
+                    let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
+                    let answer: &[u8] = match path.as_str() {
+                        "/v1/chunked" => {
+                            b"HTTP/1.1 103 Early Hints\r\nlink: </s>\r\n\r\n\
+                            HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
+                            5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-sum: 12\r\n\r\n"
+                        }
+                        "/v1/until-close" => {
+                            b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nto the end"
+                        }
+                        _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+                    };
+                    stream.write_all(answer).await.unwrap();
+                    if path == "/v1/until-close" {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, accepted)
+}
+
+#[tokio::test]
+async fn chunked_and_close_delimited_answers_pass_through_and_only_reusable_connections_stay() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (url, accepted) = framing_upstream().await;
+    let proxy = Proxy::to(&url).await;
+    for _ in 0..3 {
+        let (status, headers, body) = send(post(&proxy.url("/v1/chunked"), "{}")).await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello, world"[..]));
+        assert!(headers.get("link").is_none(), "the interim answer stays with foldgate");
+    }
+    assert_eq!(accepted.load(SeqCst), 1, "a chunked answer leaves its connection reusable");
+    for round in 0..2 {
+        let (status, _, body) = send(post(&proxy.url("/v1/until-close"), "{}")).await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"to the end"[..]), "round {round}");
+    }
+    let (status, _, body) = send(post(&proxy.url("/v1/length"), "{}")).await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    // Each close-delimited answer took its connection with it.
+    assert_eq!(accepted.load(SeqCst), 3);
+}

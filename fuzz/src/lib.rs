@@ -31,6 +31,7 @@ use foldgate::http::provider_compaction::{CompactionFamily, MessagesContext, rej
 use foldgate::http::session_key::SessionHeaders;
 use foldgate::http::sse::Events;
 use foldgate::http::usage::{Usage, UsageReader, response_output};
+use foldgate::http::wire::codec::{Decoded, Decoder, parse_head};
 use foldgate::model::{ChatRequest, Role};
 use foldgate::outline::{Outline, array_elements};
 use foldgate::summarizer::ExtractiveSummarizer;
@@ -54,6 +55,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("event_stream", event_stream),
     ("anthropic_edits", anthropic_edits),
     ("request_encoding", request_encoding),
+    ("upstream_response", upstream_response),
 ];
 
 /// The input's first bytes (up to eight) as chunk sizes, cycled, and the rest as the
@@ -510,4 +512,68 @@ pub fn request_encoding(data: &[u8]) {
     if let Ok(decoded) = content_coding::decode(body, &codings, LIMIT) {
         assert!(decoded.len() as u64 <= LIMIT, "decoded past the limit");
     }
+}
+
+/// The upstream's HTTP/1.1 answer as foldgate reads it off the connection: the head
+/// (for a `GET`, `HEAD` or `POST`, chosen by the input), then the body as its framing
+/// says. Read in the input's chunks, it gives what it gives read whole: the same head,
+/// body bytes, end and leftover, or an error either way.
+pub fn upstream_response(data: &[u8]) {
+    let (sizes, wire) = split(data);
+    let method = match sizes.first().map_or(0, |s| s % 3) {
+        0 => http::Method::GET,
+        1 => http::Method::HEAD,
+        _ => http::Method::POST,
+    };
+    let whole = read_response(wire, &[wire.len().max(1)], &method);
+    let split = read_response(wire, &sizes, &method);
+    assert_eq!(split, whole, "the same answer however the bytes arrive");
+}
+
+/// What reading `wire` in chunks of `sizes` gives: status, body, trailers seen and
+/// leftover bytes at its end, or `None` for an error.
+fn read_response(
+    wire: &[u8],
+    sizes: &[usize],
+    method: &http::Method,
+) -> Option<(u16, Vec<u8>, bool, usize)> {
+    let mut ends = chunk_ends(sizes, wire.len()).into_iter();
+    let mut buf = bytes::BytesMut::new();
+    let mut fed = 0;
+    let mut feed = |buf: &mut bytes::BytesMut| match ends.next() {
+        Some(end) => {
+            buf.extend_from_slice(&wire[fed..end]);
+            fed = end;
+            true
+        }
+        None => false,
+    };
+    let head = loop {
+        match parse_head(&mut buf, method) {
+            Err(_) => return None,
+            Ok(Some(head)) => break head,
+            Ok(None) if !feed(&mut buf) => return None,
+            Ok(None) => {}
+        }
+    };
+    let mut decoder = Decoder::new(head.framing);
+    let (mut body, mut trailers) = (Vec::new(), false);
+    loop {
+        match decoder.decode(&mut buf) {
+            Err(_) => return None,
+            Ok(Decoded::Data(data)) => {
+                assert!(!data.is_empty(), "no empty data frames");
+                body.extend_from_slice(&data);
+            }
+            Ok(Decoded::Trailers(_)) => trailers = true,
+            Ok(Decoded::End) => break,
+            Ok(Decoded::More) if feed(&mut buf) => {}
+            Ok(Decoded::More) => match decoder.closed() {
+                Ok(_) => break,
+                Err(_) => return None,
+            },
+        }
+    }
+    let left = buf.len() + wire.len() - fed;
+    Some((head.response.status().as_u16(), body, trailers, left))
 }

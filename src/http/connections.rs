@@ -5,6 +5,8 @@
 //! Every connection thread has a pool of its own, so a check-out is an uncontended lock
 //! and a `Vec::pop`, and a connection comes back from the response body's last frame
 //! instead of from a task spawned per request (what hyper-util's pooled client does).
+//! HTTP/1.1 exchanges run in the request's task (`super::wire`); HTTP/2 ones through
+//! hyper's client and the connection task it needs.
 
 use std::error::Error as StdError;
 use std::pin::Pin;
@@ -17,13 +19,20 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
-use hyper_rustls::HttpsConnector;
+use hyper::client::conn::http2;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
 use tower::ServiceExt;
 
-use super::body::ProxyBody;
+use super::body::{BoxError, ProxyBody};
+use super::wire;
+
+/// An upstream HTTP/1.1 connection's transport (TCP, or TLS over TCP). Boxed: the
+/// exchange moves the connection into and out of the request's future, and a TLS
+/// session is large.
+type Transport = Box<TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>>;
 
 /// Why a request could not be exchanged with the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -31,9 +40,12 @@ pub enum SendError {
     /// No connection could be made (TCP connect, its timeout, TLS).
     #[error("cannot connect")]
     Connect(#[source] Box<dyn StdError + Send + Sync>),
-    /// The connection was made but the HTTP exchange failed.
+    /// The connection was made but the HTTP/2 exchange failed.
     #[error(transparent)]
     Http(#[from] hyper::Error),
+    /// The connection was made but the HTTP/1.1 exchange failed.
+    #[error(transparent)]
+    Wire(#[from] wire::Error),
 }
 
 /// Connections to one upstream, owned by one server.
@@ -52,20 +64,20 @@ pub struct ConnectionPool {
 }
 
 struct IdleConnection {
-    sender: http1::SendRequest<ProxyBody>,
+    connection: wire::Connection<Transport>,
     since: Instant,
 }
 
 impl IdleConnection {
-    /// Still open, and idle for less than `timeout` at `now`.
-    fn usable(&self, now: Instant, timeout: Duration) -> bool {
-        !self.sender.is_closed() && now.duration_since(self.since) < timeout
+    /// Idle for less than `timeout` at `now`, and still open.
+    fn usable(&mut self, now: Instant, timeout: Duration) -> bool {
+        now.duration_since(self.since) < timeout && self.connection.is_open()
     }
 }
 
 /// A connection checked out for one request.
 enum Checkout {
-    Http1 { sender: http1::SendRequest<ProxyBody>, reused: bool },
+    Http1 { connection: wire::Connection<Transport>, reused: bool },
     Http2 { sender: http2::SendRequest<ProxyBody>, reused: bool },
 }
 
@@ -108,43 +120,42 @@ impl ConnectionPool {
         mut request: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         loop {
-            let (result, reused) = match self.checkout().await? {
-                Checkout::Http1 { mut sender, reused } => {
-                    *request.version_mut() = Version::HTTP_11;
+            match self.checkout().await? {
+                Checkout::Http1 { connection, reused } => {
                     request.headers_mut().insert(header::HOST, self.host.clone());
-                    let sent = sender.try_send_request(request).await;
-                    let pool = Arc::clone(self);
-                    let result = sent.map(|response| {
-                        response.map(|body| UpstreamBody::new(body, Some((pool, sender))))
-                    });
-                    (result, reused)
+                    match connection.send(request).await {
+                        Ok(response) => {
+                            let pool = Arc::clone(self);
+                            return Ok(response.map(|body| UpstreamBody::http1(body, pool)));
+                        }
+                        // Not written: the connection closed while idle. Try a new one.
+                        Err(wire::Failed { unsent: Some(unsent), .. }) if reused => {
+                            request = unsent;
+                        }
+                        Err(failed) => return Err(failed.error.into()),
+                    }
                 }
                 Checkout::Http2 { mut sender, reused } => {
                     *request.version_mut() = Version::HTTP_2;
                     *request.uri_mut() = self.absolute(request.uri());
                     request.headers_mut().remove(header::HOST);
-                    let sent = sender.try_send_request(request).await;
-                    if sent.is_err() {
-                        self.forget_closed_shared();
-                    }
-                    (
-                        sent.map(|response| response.map(|body| UpstreamBody::new(body, None))),
-                        reused,
-                    )
-                }
-            };
-            match result {
-                Ok(response) => return Ok(response),
-                Err(mut error) => match error.take_message() {
-                    // Not written: the connection closed while idle. Try a new one.
-                    Some(unsent) if reused => {
-                        request = unsent;
-                        if let Some(path) = request.uri().path_and_query().cloned() {
-                            *request.uri_mut() = Uri::from(path);
+                    match sender.try_send_request(request).await {
+                        Ok(response) => return Ok(response.map(UpstreamBody::http2)),
+                        Err(mut error) => {
+                            self.forget_closed_shared();
+                            match error.take_message() {
+                                // Not written: the connection closed. Try a new one.
+                                Some(unsent) if reused => {
+                                    request = unsent;
+                                    if let Some(path) = request.uri().path_and_query().cloned() {
+                                        *request.uri_mut() = Uri::from(path);
+                                    }
+                                }
+                                _ => return Err(error.into_error().into()),
+                            }
                         }
                     }
-                    _ => return Err(error.into_error().into()),
-                },
+                }
             }
         }
     }
@@ -158,12 +169,8 @@ impl ConnectionPool {
             }
             self.forget_closed_shared();
         }
-        while let Some(mut sender) = self.take_idle() {
-            // A connection comes back when its response body ends, possibly a moment
-            // before its connection task is ready for the next request.
-            if sender.is_ready() || sender.ready().await.is_ok() {
-                return Ok(Checkout::Http1 { sender, reused: true });
-            }
+        if let Some(connection) = self.take_idle() {
+            return Ok(Checkout::Http1 { connection, reused: true });
         }
         // Boxed: connecting is rare, and its state would otherwise enlarge every
         // request's future (which is moved, byte for byte, when it is boxed).
@@ -171,12 +178,12 @@ impl ConnectionPool {
     }
 
     /// The most recently used idle connection that is still open and not expired.
-    fn take_idle(&self) -> Option<http1::SendRequest<ProxyBody>> {
+    fn take_idle(&self) -> Option<wire::Connection<Transport>> {
         let mut idle = lock(&self.idle);
         let now = Instant::now();
-        while let Some(c) = idle.pop() {
+        while let Some(mut c) = idle.pop() {
             if c.usable(now, self.idle_timeout) {
-                return Some(c.sender);
+                return Some(c.connection);
             }
         }
         None
@@ -186,17 +193,14 @@ impl ConnectionPool {
     /// the sender ends the connection). The owning server calls this every second.
     pub fn close_expired(&self) {
         let now = Instant::now();
-        lock(&self.idle).retain(|c| c.usable(now, self.idle_timeout));
+        lock(&self.idle).retain_mut(|c| c.usable(now, self.idle_timeout));
     }
 
-    /// Keeps `sender` for the next request, unless the pool is full or it is closed.
-    fn put(&self, sender: http1::SendRequest<ProxyBody>) {
-        if sender.is_closed() {
-            return;
-        }
+    /// Keeps `connection` for the next request, unless the pool is full.
+    fn put(&self, connection: wire::Connection<Transport>) {
         let mut idle = lock(&self.idle);
         if idle.len() < self.max_idle {
-            idle.push(IdleConnection { sender, since: Instant::now() });
+            idle.push(IdleConnection { connection, since: Instant::now() });
         }
     }
 
@@ -234,14 +238,8 @@ impl ConnectionPool {
             *lock(&self.shared) = Some(sender.clone());
             Ok(Checkout::Http2 { sender, reused: false })
         } else {
-            let (mut sender, connection) = http1::Builder::new().handshake(io).await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-            });
-            sender.ready().await?;
-            Ok(Checkout::Http1 { sender, reused: false })
+            let connection = wire::Connection::new(Box::new(TokioIo::new(io)));
+            Ok(Checkout::Http1 { connection, reused: false })
         }
     }
 
@@ -264,58 +262,77 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// An upstream response body; at its end, its HTTP/1.1 connection goes back to the pool.
 /// Dropped before its end, it takes the connection with it, which closes it.
 pub struct UpstreamBody {
-    body: Incoming,
-    release: Option<(Arc<ConnectionPool>, http1::SendRequest<ProxyBody>)>,
+    inner: Inner,
+}
+
+enum Inner {
+    Http1 { body: wire::ResponseBody<Transport>, pool: Arc<ConnectionPool> },
+    Http2(Incoming),
 }
 
 impl UpstreamBody {
-    fn new(
-        body: Incoming,
-        release: Option<(Arc<ConnectionPool>, http1::SendRequest<ProxyBody>)>,
-    ) -> Self {
-        Self { body, release }
+    fn http1(body: wire::ResponseBody<Transport>, pool: Arc<ConnectionPool>) -> Self {
+        Self { inner: Inner::Http1 { body, pool } }
     }
 
+    fn http2(body: Incoming) -> Self {
+        Self { inner: Inner::Http2(body) }
+    }
+
+    /// Gives the connection back once the body has ended.
     fn release(&mut self) {
-        if let Some((pool, sender)) = self.release.take() {
-            pool.put(sender);
+        if let Inner::Http1 { body, pool } = &mut self.inner
+            && let Some(connection) = body.reusable()
+        {
+            pool.put(connection);
         }
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.release(),
-            Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.release(),
-            Poll::Ready(Some(Err(_))) => self.release = None,
-            _ => {}
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.inner {
+            Inner::Http1 { body, .. } => {
+                let polled = Pin::new(&mut *body).poll_frame(cx);
+                let ended = match &polled {
+                    Poll::Ready(None) => true,
+                    Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
+                    _ => false,
+                };
+                if ended {
+                    self.release();
+                }
+                polled.map_err(Into::into)
+            }
+            Inner::Http2(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.inner {
+            Inner::Http1 { body, .. } => body.is_end_stream(),
+            Inner::Http2(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.inner {
+            Inner::Http1 { body, .. } => body.size_hint(),
+            Inner::Http2(body) => body.size_hint(),
+        }
     }
 }
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // An empty body (HEAD, 204, 304) may be dropped without ever being polled.
-        if self.body.is_end_stream() {
-            self.release();
-        }
+        self.release();
     }
 }
 

@@ -7,6 +7,7 @@ mod body;
 mod chain;
 mod connections;
 pub mod content_coding;
+pub mod deadline;
 pub mod dialect;
 mod error;
 pub mod exchange;
@@ -28,6 +29,7 @@ pub mod upstream;
 mod upstream_socket;
 pub mod usage;
 pub mod websocket;
+pub mod wire;
 
 pub use body::ProxyBody;
 pub use error::ProxyError;

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
+use super::deadline::{CoarseTimer, Deadlines};
 use super::exchange::CompactedRoutes;
 use super::inspect::admin::{self, Admin};
 use super::layers::{AccessLogLayer, RequestIdLayer};
@@ -216,15 +217,18 @@ impl Server {
             .layer(RequestIdLayer)
             .layer(AccessLogLayer)
             .service(Router::new(self.state.clone()));
+        // The per-request timeouts (request head, upstream first byte) are this thread's
+        // coarse deadlines, ticked by `pace_timers`.
+        let ticking = Deadlines::install();
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+        builder.http1().timer(CoarseTimer).header_read_timeout(Duration::from_secs(30));
         let metrics_task = self.metrics_listener.map(|(listener, path)| {
             tokio::spawn(serve_metrics(listener, path, self.state.metrics.clone()))
         });
         let admin_task =
             self.admin_listener.map(|(listener, api)| tokio::spawn(admin::serve(listener, api)));
         let sweeper = self.housekeeping.then(|| tokio::spawn(sweep_sessions(self.state.clone())));
-        let pacer = tokio::spawn(pace_timers(self.state.clone()));
+        let pacer = tokio::spawn(pace_timers(self.state.clone(), ticking.deadlines()));
         let graceful = GracefulShutdown::new();
         // Connection tasks live here so that those still open after the grace period
         // are aborted even when the runtime outlives `run` (embedding, tests).
@@ -267,6 +271,7 @@ impl Server {
             task.abort();
         }
         pacer.abort();
+        drop(ticking);
         if let Some(task) = metrics_task {
             task.abort();
         }
@@ -324,17 +329,17 @@ async fn serve_metrics(listener: TcpListener, path: String, metrics: Arc<Metrics
     }
 }
 
-/// Keeps a timer due within the next second, and closes upstream connections that have
-/// been idle longer than `upstream.pool_idle_timeout`. Every request arms timers far
-/// ahead (the header-read timeout, the first-byte timeout); when such a timer is the
-/// earliest one, arming it must interrupt the event loop's wait (an `eventfd` write and
-/// one more `epoll_wait` round per request). With this tick pending that never happens,
-/// for the price of one wake-up per second.
-async fn pace_timers(state: Arc<AppState>) {
+/// Ticks the thread's coarse deadlines, keeps a timer due within the next second, and
+/// closes upstream connections that have been idle longer than
+/// `upstream.pool_idle_timeout`. With this tick pending, a timer armed far ahead never
+/// becomes the earliest one, whose arming would interrupt the event loop's wait (an
+/// `eventfd` write and one more `epoll_wait` round).
+async fn pace_timers(state: Arc<AppState>, deadlines: Arc<Deadlines>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        deadlines.tick();
         state.upstream.close_expired();
         state.anthropic.close_expired();
     }

@@ -11,6 +11,7 @@ use http::{Request, Response, Uri};
 use super::body::ProxyBody;
 pub use super::connections::UpstreamBody;
 use super::connections::{ConnectionPool, SendError};
+use super::deadline;
 use super::error::ProxyError;
 use crate::client::https_connector;
 use crate::config::UpstreamConfig;
@@ -128,12 +129,13 @@ impl Upstream {
         self.pool.close_expired();
     }
 
-    /// Sends `request` and waits for the response headers within the first-byte timeout.
+    /// Sends `request` and waits for the response headers within the first-byte timeout
+    /// (on a connection thread, up to a second past it: see [`deadline`]).
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        match tokio::time::timeout(self.first_byte_timeout, self.pool.send(request)).await {
+        match deadline::timeout(self.first_byte_timeout, self.pool.send(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(format!(
                 "no response headers within {} (upstream.first_byte_timeout)",
                 humantime::format_duration(self.first_byte_timeout)

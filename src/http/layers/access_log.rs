@@ -80,11 +80,8 @@ struct Record {
 /// Logs once when the response body ends, fails or is dropped: straight into
 /// foldgate's log when it runs one (see [`crate::telemetry::access`]), else through
 /// `tracing`.
+/// The duration ends at the body's last frame, before its flush.
 impl BodyObserver for Record {
-    /// A line written into the log's queue costs less than a task spawned for it; the
-    /// duration then ends at the body's last frame, before its flush.
-    const INLINE: bool = true;
-
     fn end(&mut self, how: BodyEnd) {
         let outcome = match how {
             BodyEnd::Complete => "complete",
