@@ -413,6 +413,24 @@ struct PerRequest {
     store_duration: [OnceLock<Histogram>; StoreOp::ALL.len()],
     store_errors: [OnceLock<IntCounter>; StoreOp::ALL.len()],
     chat_requests: [[OnceLock<IntCounter>; Outcome::ALL.len()]; Route::COUNT],
+    /// `upstream_usage_tokens_total` by model slot and [`USAGE_KINDS`].
+    usage: [[OnceLock<IntCounter>; USAGE_KINDS.len()]; MODEL_SLOTS],
+    /// The prompt token counters (before, after, saved) by route and model slot.
+    prompt: [[[OnceLock<IntCounter>; 3]; MODEL_SLOTS]; Route::COUNT],
+}
+
+/// Slots of the model labels: the families, then `other`.
+const MODEL_SLOTS: usize = MODEL_FAMILIES.len() + 1;
+
+/// The `kind` labels of token usage, in the order [`count_usage`] counts them.
+const USAGE_KINDS: [&str; 5] = ["prompt", "uncached", "cached", "cache_write", "completion"];
+
+/// The slot of a label [`model_label`] gave.
+fn model_slot(label: &str) -> Option<usize> {
+    MODEL_FAMILIES
+        .iter()
+        .position(|family| *family == label)
+        .or_else(|| (label == "other").then_some(MODEL_FAMILIES.len()))
 }
 
 /// Model families reported as themselves; everything else is `other`.
@@ -611,12 +629,14 @@ impl Teams {
 /// Counts one answer's usage into `counters`, labelled `first` (a model, a team) and the
 /// kind of tokens: the prompt whole and split by cache use, the completion.
 fn count_usage(counters: &IntCounterVec, first: &str, prompt: PromptSplit, completion: u64) {
-    let counter = |kind: &str| counters.with_label_values(&[first, kind]);
-    counter("prompt").inc_by(prompt.total);
-    counter("uncached").inc_by(prompt.uncached());
-    counter("cached").inc_by(prompt.cache_read);
-    counter("cache_write").inc_by(prompt.cache_write);
-    counter("completion").inc_by(completion);
+    for (kind, count) in USAGE_KINDS.into_iter().zip(usage_counts(prompt, completion)) {
+        counters.with_label_values(&[first, kind]).inc_by(count);
+    }
+}
+
+/// An answer's usage in the order of [`USAGE_KINDS`].
+fn usage_counts(prompt: PromptSplit, completion: u64) -> [u64; USAGE_KINDS.len()] {
+    [prompt.total, prompt.uncached(), prompt.cache_read, prompt.cache_write, completion]
 }
 
 /// An answer's prompt tokens as the provider's cache treated them.
@@ -815,7 +835,17 @@ impl Metrics {
     /// Counts the usage an upstream reported for one answer of `model`: the prompt split
     /// by what the provider's cache did with it, and the completion.
     pub fn upstream_usage(&self, model: &str, prompt: PromptSplit, completion: u64) {
-        count_usage(&self.upstream_usage_tokens, model, prompt, completion);
+        let Some(slot) = model_slot(model) else {
+            return count_usage(&self.upstream_usage_tokens, model, prompt, completion);
+        };
+        let counters = &self.per_request.usage[slot];
+        for (kind, count) in usage_counts(prompt, completion).into_iter().enumerate() {
+            counters[kind]
+                .get_or_init(|| {
+                    self.upstream_usage_tokens.with_label_values(&[model, USAGE_KINDS[kind]])
+                })
+                .inc_by(count);
+        }
     }
 
     /// These metrics, counting token usage by the team `teams` names.
@@ -893,9 +923,17 @@ impl Metrics {
     /// (`before`) and as forwarded.
     pub fn prompt_tokens(&self, route: Route, model: &str, before: u64, forwarded: u64) {
         let labels = [route.as_str(), model];
-        self.prompt_tokens_before.with_label_values(&labels).inc_by(before);
-        self.prompt_tokens_after.with_label_values(&labels).inc_by(forwarded);
-        self.tokens_saved.with_label_values(&labels).inc_by(before.saturating_sub(forwarded));
+        let vectors = [&self.prompt_tokens_before, &self.prompt_tokens_after, &self.tokens_saved];
+        let counts = [before, forwarded, before.saturating_sub(forwarded)];
+        let slots = model_slot(model).map(|slot| &self.per_request.prompt[route.index()][slot]);
+        for (i, (vector, count)) in vectors.into_iter().zip(counts).enumerate() {
+            match slots {
+                Some(slots) => {
+                    slots[i].get_or_init(|| vector.with_label_values(&labels)).inc_by(count)
+                }
+                None => vector.with_label_values(&labels).inc_by(count),
+            }
+        }
     }
 
     /// Counts `tokens` of a compacted request's prompt the provider caches again (see

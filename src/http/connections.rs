@@ -375,9 +375,12 @@ mod tests {
         path: String,
     }
 
-    /// A TLS upstream on 127.0.0.1 that offers only `h2` by ALPN and echoes request
-    /// bodies, with a certificate for `localhost`, and a connector that trusts it.
-    async fn h2_upstream() -> (
+    /// A TLS upstream on 127.0.0.1 that offers only `alpn` (`h2` or `http/1.1`) and
+    /// echoes request bodies, with a certificate for `localhost`, and a connector that
+    /// trusts it.
+    async fn tls_upstream(
+        alpn: &'static [u8],
+    ) -> (
         u16,
         HttpsConnector<HttpConnector>,
         Arc<std::sync::atomic::AtomicUsize>,
@@ -397,7 +400,7 @@ mod tests {
             .with_no_client_auth()
             .with_single_cert(vec![cert.der().clone()], key)
             .unwrap();
-        server.alpn_protocols = vec![b"h2".to_vec()];
+        server.alpn_protocols = vec![alpn.to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -424,9 +427,15 @@ mod tests {
                             Ok::<_, hyper::Error>(Response::new(http_body_util::Full::new(body)))
                         }
                     });
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
+                    if alpn == b"h2" {
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(tls), service)
+                            .await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(tls), service)
+                            .await;
+                    }
                 });
             }
         });
@@ -452,7 +461,7 @@ mod tests {
     async fn an_upstream_that_negotiates_h2_gets_every_request_on_one_connection() {
         use http_body_util::BodyExt;
 
-        let (port, connector, accepted, seen) = h2_upstream().await;
+        let (port, connector, accepted, seen) = tls_upstream(b"h2").await;
         let authority: Authority = format!("localhost:{port}").parse().unwrap();
         let pool = Arc::new(
             ConnectionPool::new(connector, Scheme::HTTPS, authority, Duration::from_secs(90), 8)
@@ -484,5 +493,46 @@ mod tests {
             assert_eq!(s.host, None, "HTTP/2 carries :authority, not Host");
             assert!(s.path.starts_with("/v1/chat/completions?n="), "{}", s.path);
         }
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_negotiates_http1_over_tls_keeps_one_connection_for_every_body() {
+        use http_body_util::BodyExt;
+
+        let (port, connector, accepted, seen) = tls_upstream(b"http/1.1").await;
+        let authority: Authority = format!("localhost:{port}").parse().unwrap();
+        let pool = Arc::new(
+            ConnectionPool::new(connector, Scheme::HTTPS, authority, Duration::from_secs(90), 8)
+                .unwrap(),
+        );
+        // Whole bodies, one larger than a read, and one streamed in pieces of unknown size.
+        let large = "x".repeat(300_000);
+        let streamed = || {
+            let pieces = ["first ", "second ", "third"]
+                .map(|p| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(p))));
+            crate::http::body::boxed(http_body_util::StreamBody::new(futures_util::stream::iter(
+                pieces,
+            )))
+        };
+        let bodies = [
+            crate::http::body::full("small"),
+            crate::http::body::full(large.clone()),
+            streamed(),
+            crate::http::body::full(Bytes::new()),
+        ];
+        let expected = ["small", large.as_str(), "first second third", ""];
+        for (body, expected) in bodies.into_iter().zip(expected) {
+            let request = Request::post("/v1/echo").body(body).unwrap();
+            let response = pool.send(request).await.unwrap();
+            assert_eq!(response.status(), http::StatusCode::OK);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, expected);
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "one kept connection");
+        let seen = lock(&seen);
+        assert!(seen.iter().all(|s| s.version == Version::HTTP_11), "{seen:?}");
+        assert!(
+            seen.iter().all(|s| s.host.as_ref().is_some_and(|h| h == &format!("localhost:{port}")))
+        );
     }
 }

@@ -289,7 +289,11 @@ impl<'a, D: Dialect> Exchange<'a, D> {
                 Read::Answer(first) => first,
             };
             let retry = match first.error.as_deref() {
-                Some(error) => self.retry_after_overflow(error).await,
+                Some(error) => {
+                    // The first send took the headers: the retry forwards them again.
+                    self.headers = self.forwarded_headers();
+                    self.retry_after_overflow(error).await
+                }
                 None => None,
             };
             let response = match retry {
@@ -328,15 +332,24 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             return Ok(false);
         };
         let prepared = family.prepare(original, apis, serve).map_err(ProxyError::InvalidRequest)?;
-        self.headers = family.forwarded_headers(&self.parts.headers, &prepared);
+        self.prepared = prepared;
+        self.headers = self.forwarded_headers();
+        let prepared = &self.prepared;
         let api = family.api_for(original);
         if prepared.left_for_upstream {
             self.record.provider_api = Some((api, false));
         }
         // In `auto`, an upstream that refuses the API is asked once.
         let may_refuse = prepared.left_for_upstream && apis.served_by(api) == ServedBy::Auto;
-        self.prepared = prepared;
         Ok(may_refuse)
+    }
+
+    /// The client's headers as they go upstream with the body as prepared.
+    fn forwarded_headers(&self) -> http::HeaderMap {
+        match self.place.dialect.compaction() {
+            Some(family) => family.forwarded_headers(&self.parts.headers, &self.prepared),
+            None => self.parts.headers.clone(),
+        }
     }
 
     /// Phase 2b: a body continuing a Responses chain foldgate stored is read as the whole
@@ -391,7 +404,9 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let result = match self.place.socket {
             Some(socket) => socket.send(&body).await,
             None => {
-                let mut headers = self.headers.clone();
+                // Taken, not copied: a second send (the retry after an overflow)
+                // derives them again.
+                let mut headers = std::mem::take(&mut self.headers);
                 let body = self.received.outgoing(body, &mut headers);
                 headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                 let (method, uri) = (self.parts.method.clone(), &self.parts.uri);
@@ -495,8 +510,11 @@ pub const PIN_HEADER: &str = "x-foldgate-pin";
 /// The operator's settings with what `headers` add; `None` when they add nothing. An
 /// error names a pin pattern that cannot be used (the client gets a 400).
 fn steer_of(operator: &Steer, headers: &http::HeaderMap) -> Result<Option<Steer>, PinError> {
-    let text = |name: &str| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
-    let (instructions, pins) = (text(INSTRUCTIONS_HEADER), text(PIN_HEADER));
+    // Names made once: looked up by `&str`, each would be parsed on every request.
+    const INSTRUCTIONS: http::HeaderName = http::HeaderName::from_static(INSTRUCTIONS_HEADER);
+    const PINS: http::HeaderName = http::HeaderName::from_static(PIN_HEADER);
+    let text = |name| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
+    let (instructions, pins) = (text(&INSTRUCTIONS), text(&PINS));
     if instructions.is_none() && pins.is_none() {
         return Ok(None);
     }
