@@ -404,6 +404,7 @@ async fn framing_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
                             HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
                             5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-sum: 12\r\n\r\n"
                         }
+                        "/v1/reason" => b"HTTP/1.1 429 Slow Down\r\ncontent-length: 4\r\n\r\nwait",
                         "/v1/until-close" => {
                             b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nto the end"
                         }
@@ -437,6 +438,11 @@ async fn chunked_and_close_delimited_answers_pass_through_and_only_reusable_conn
     }
     let (status, _, body) = send(post(&proxy.url("/v1/length"), "{}")).await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    // The upstream's own reason phrase reaches the client.
+    let response = client().request(post(&proxy.url("/v1/reason"), "{}")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let reason = response.extensions().get::<hyper::ext::ReasonPhrase>().map(|r| r.as_bytes());
+    assert_eq!(reason, Some(&b"Slow Down"[..]));
     // Each close-delimited answer took its connection with it.
     assert_eq!(accepted.load(SeqCst), 3);
 }

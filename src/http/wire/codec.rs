@@ -182,6 +182,12 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             Some(0) => Version::HTTP_10,
             _ => Version::HTTP_11,
         };
+        // A reason phrase of the upstream's own goes to the client as it came (hyper's
+        // server writes the extension), as hyper's client kept it.
+        let reason = parsed
+            .reason
+            .filter(|r| Some(*r) != status.canonical_reason())
+            .and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
         // Offsets into the head, so that the header values share its bytes.
         let base = buf.as_ptr() as usize;
         let mut spans = Vec::with_capacity(parsed.headers.len());
@@ -202,6 +208,9 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
         let (framing, mut keep_alive) = framing(method, status, version, &headers)?;
         keep_alive &= connection_kept(version, &headers);
         let mut response = Response::new(());
+        if let Some(reason) = reason {
+            response.extensions_mut().insert(reason);
+        }
         *response.status_mut() = status;
         *response.version_mut() = version;
         *response.headers_mut() = headers;
@@ -546,6 +555,16 @@ mod tests {
         assert_eq!(head(&endless, &Method::GET).unwrap_err(), WireError::HeadTooLarge);
         assert!(head("HTTP/1.1 2000 OK\r\n\r\n", &Method::GET).is_err());
         assert!(head("SMTP ready\r\n\r\n", &Method::GET).is_err());
+    }
+
+    #[test]
+    fn a_reason_phrase_of_the_upstreams_own_is_kept() {
+        let own = head("HTTP/1.1 429 Slow Down\r\ncontent-length: 0\r\n\r\n", &Method::GET);
+        let own = own.unwrap().unwrap().response;
+        let reason = own.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
+        assert_eq!(reason.as_bytes(), b"Slow Down");
+        let usual = head("HTTP/1.1 429 Too Many Requests\r\n\r\n", &Method::GET);
+        assert!(usual.unwrap().unwrap().response.extensions().is_empty());
     }
 
     #[test]
