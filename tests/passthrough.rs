@@ -299,33 +299,44 @@ async fn sequential_requests_reuse_one_upstream_connection() {
     assert_eq!(mock.connections.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
-/// An upstream that answers each connection's first request, then closes it without
-/// saying so (as a server whose keep-alive timeout runs out does, a moment later).
-async fn closing_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// A raw TCP upstream on 127.0.0.1, each connection served by `serve`: its URL and how
+/// many connections it accepted.
+async fn raw_upstream<F, Fut>(serve: F) -> (String, Arc<std::sync::atomic::AtomicUsize>)
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = accepted.clone();
     tokio::spawn(async move {
         loop {
-            let (mut stream, _) = listener.accept().await.unwrap();
+            let (stream, _) = listener.accept().await.unwrap();
             count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => seen.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                let _ = stream.write_all(answer.as_bytes()).await;
-            });
+            tokio::spawn(serve(stream));
         }
     });
     (url, accepted)
+}
+
+/// An upstream that answers each connection's first request, then closes it without
+/// saying so (as a server whose keep-alive timeout runs out does, a moment later).
+async fn closing_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    raw_upstream(|mut stream| async move {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let _ = stream.write_all(answer.as_bytes()).await;
+    })
+    .await
 }
 
 #[tokio::test]
@@ -365,60 +376,50 @@ async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout() {
 /// connections and the requests each carried.
 async fn framing_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
+    raw_upstream(|mut stream| async move {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
         loop {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    // One request at a time: its head, then its body (content-length).
-                    let end = loop {
-                        if let Some(at) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break at + 4;
-                        }
-                        match stream.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => seen.extend_from_slice(&buf[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&seen[..end]).to_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length: "))
-                        .map_or(0, |v| v.trim().parse().unwrap());
-                    while seen.len() < end + length {
-                        let n = stream.read(&mut buf).await.unwrap();
-                        seen.extend_from_slice(&buf[..n]);
-                    }
-                    seen.drain(..end + length);
-                    let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
-                    let answer: &[u8] = match path.as_str() {
-                        "/v1/chunked" => {
-                            b"HTTP/1.1 103 Early Hints\r\nlink: </s>\r\n\r\n\
-                            HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
-                            5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-sum: 12\r\n\r\n"
-                        }
-                        "/v1/reason" => b"HTTP/1.1 429 Slow Down\r\ncontent-length: 4\r\n\r\nwait",
-                        "/v1/until-close" => {
-                            b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nto the end"
-                        }
-                        _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
-                    };
-                    stream.write_all(answer).await.unwrap();
-                    if path == "/v1/until-close" {
-                        return;
-                    }
+            // One request at a time: its head, then its body (content-length).
+            let end = loop {
+                if let Some(at) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
                 }
-            });
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            };
+            let head = String::from_utf8_lossy(&seen[..end]).to_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            while seen.len() < end + length {
+                let n = stream.read(&mut buf).await.unwrap();
+                seen.extend_from_slice(&buf[..n]);
+            }
+            seen.drain(..end + length);
+            let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
+            let answer: &[u8] = match path.as_str() {
+                "/v1/chunked" => {
+                    b"HTTP/1.1 103 Early Hints\r\nlink: </s>\r\n\r\n\
+                    HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
+                    5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-sum: 12\r\n\r\n"
+                }
+                "/v1/reason" => b"HTTP/1.1 429 Slow Down\r\ncontent-length: 4\r\n\r\nwait",
+                "/v1/until-close" => {
+                    b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nto the end"
+                }
+                _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            };
+            stream.write_all(answer).await.unwrap();
+            if path == "/v1/until-close" {
+                return;
+            }
         }
-    });
-    (url, accepted)
+    })
+    .await
 }
 
 #[tokio::test]

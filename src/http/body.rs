@@ -312,7 +312,8 @@ where
 }
 
 /// `head` as a data frame in front of `rest` (nothing in front when it is empty).
-fn prefixed<B>(head: Bytes, rest: B) -> ProxyBody
+/// `head`, then `rest` as it comes: a body whose first bytes were taken off it.
+pub fn prefixed<B>(head: Bytes, rest: B) -> ProxyBody
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,

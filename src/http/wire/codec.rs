@@ -9,8 +9,9 @@ use http::{Method, Response, StatusCode, Uri, Version};
 
 /// Most header lines a response head (or a trailer section) may have.
 pub const MAX_HEADERS: usize = 100;
-/// Largest response head (status line and headers) accepted.
-pub const MAX_HEAD: usize = 64 * 1024;
+/// Largest response head (status line and headers) accepted: about what hyper's client
+/// buffers for one.
+pub const MAX_HEAD: usize = 400 * 1024;
 /// Longest chunk-size line (size and extensions) accepted.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
 /// Largest trailer section accepted.

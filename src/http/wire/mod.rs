@@ -23,7 +23,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use self::codec::{Decoded, Decoder, RequestFraming, WireError};
-use super::body::{BoxError, ProxyBody};
+use super::body::{BoxError, ProxyBody, prefixed};
 
 /// Bytes asked of the socket per read.
 const READ_SIZE: usize = 16 * 1024;
@@ -130,7 +130,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             Err(error) => {
                 // Not a byte written: the request can go out on another connection.
                 let unsent = (!out.written).then(|| {
-                    let rest = if ended { super::body::full(first) } else { prepend(first, body) };
+                    let rest = if ended { super::body::full(first) } else { prefixed(first, body) };
                     Request::from_parts(parts, rest)
                 });
                 return Err(Failed { error, unsent });
@@ -298,44 +298,6 @@ impl Outgoing {
             written -= front.len();
             self.queue.pop_front();
         }
-    }
-}
-
-/// `first`, then the rest of `body`: a request body whose first frame was taken.
-fn prepend(first: Bytes, body: ProxyBody) -> ProxyBody {
-    let first = (!first.is_empty()).then(|| Frame::data(first));
-    let head = http_body_util::StreamBody::new(futures_util::stream::iter(first.map(Ok)));
-    super::body::boxed(Chain { head: Some(head), rest: body })
-}
-
-/// Two bodies, one after the other.
-struct Chain<A> {
-    head: Option<A>,
-    rest: ProxyBody,
-}
-
-impl<A> Body for Chain<A>
-where
-    A: Body<Data = Bytes, Error = BoxError> + Unpin,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(head) = self.head.as_mut() {
-            match Pin::new(head).poll_frame(cx) {
-                Poll::Ready(None) => self.head = None,
-                polled => return polled,
-            }
-        }
-        Pin::new(&mut self.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.head.is_none() && self.rest.is_end_stream()
     }
 }
 
