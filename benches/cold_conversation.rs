@@ -11,7 +11,8 @@
 //! request after a restart is cold again (token counts are kept per process).
 //!
 //! Run: `cargo bench --bench cold_conversation` (options: `--rounds N` (default 5),
-//! `--steady N` (default 20), `--tokens N` (default 127000); `BENCH_FOLDGATE_BIN=path`
+//! `--steady N` (default 20), `--tokens N` (default 127000), `--verbose 1` (each steady
+//! request's time and outcome); `BENCH_FOLDGATE_BIN=path`
 //! measures another build). Targets: the cold first request adds at most 40 ms, a
 //! steady one at most 5 ms.
 #![allow(
@@ -173,6 +174,8 @@ fn main() {
     let rounds = arg("--rounds", 5);
     let steady = arg("--steady", 20);
     let tokens = arg("--tokens", 127_000);
+    // `--verbose 1`: every steady request's added time and what foldgate did with it.
+    let verbose = arg("--verbose", 0) != 0;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let mock = mock_upstream::start(COMPLETION).await;
@@ -201,8 +204,11 @@ fn main() {
             for turn in 1..=steady {
                 let next = body(&history, round, turn);
                 let base = direct(&client, mock, &next).await;
-                let (time, _) = send(&client, foldgate.addr, &next).await;
+                let (time, outcome) = send(&client, foldgate.addr, &next).await;
                 steady_added.push(added(time, base));
+                if verbose {
+                    println!("  request {turn}: added {:.1} ms, {outcome}", added(time, base));
+                }
             }
             let shown: Vec<String> = steady_added.iter().take(5).map(|a| format!("{a:.1}")).collect();
             println!("  next requests added (ms): {} …", shown.join(", "));

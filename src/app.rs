@@ -165,6 +165,21 @@ fn session_store(
     )))
 }
 
+/// Transparent huge pages off for the whole process unless `server.transparent_huge_pages`.
+/// With them on (the allocator asks for them), the first touch of fresh memory zeroes a
+/// 2 MiB page inside the request that touches it: memory a long conversation's request
+/// needs, or memory the allocator gave back a second before. On a 480 KiB conversation
+/// that made its first requests up to 75 ms slower (docs/PERFORMANCE.md).
+fn huge_pages(server: &crate::config::ServerConfig) {
+    if server.transparent_huge_pages {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::debug!(error = %e, "cannot turn transparent huge pages off");
+    }
+}
+
 /// Runs the proxy until SIGTERM/SIGINT; exit code 0 after a graceful shutdown.
 ///
 /// Threads are laid out like nginx's workers: `server.workers` connection threads, each
@@ -185,6 +200,7 @@ pub fn serve(config: Config) -> ExitCode {
 }
 
 fn run(config: &Config) -> Result<(), AppError> {
+    huge_pages(&config.server);
     let workers = config.server.worker_threads();
     let compaction = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)

@@ -253,3 +253,29 @@ async fn the_binary_serves_on_every_connection_thread_and_compacts_on_its_own_ru
     let lines = tokio::task::spawn_blocking(move || lines.after_exit()).await.unwrap();
     assert!(status.success(), "{status:?}\n{}", lines.join("\n"));
 }
+
+/// `THP_enabled` of process `pid` (Linux: 0 once the process turned transparent huge
+/// pages off for itself).
+fn thp_enabled(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("THP_enabled:")).map(|v| v.trim().to_owned())
+}
+
+#[tokio::test]
+async fn transparent_huge_pages_are_off_unless_the_configuration_allows_them() {
+    if thp_enabled(std::process::id()).is_none() {
+        // A kernel before 5.0 does not say; the call is made all the same.
+        assert!(std::env::var_os("CI").is_none(), "CI runs on a kernel that says");
+        println!("skipped: this kernel's /proc/<pid>/status has no THP_enabled line");
+        return;
+    }
+    let mock = MockUpstream::echo().await;
+    for (allowed, expected) in [("false", "0"), ("true", "1")] {
+        let env = [("FOLDGATE_SERVER__TRANSPARENT_HUGE_PAGES", allowed)];
+        let (mut child, _addr, _lines) = spawn_serve(&mock.url(), &env);
+        let pid = child.id();
+        assert_eq!(thp_enabled(pid).as_deref(), Some(expected), "allowed = {allowed}");
+        Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+        tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    }
+}
