@@ -9,12 +9,11 @@
 
 pub mod codec;
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
-
-use std::collections::VecDeque;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response};
