@@ -328,7 +328,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let apis = &routes.compaction_apis;
         let Some(family) = dialect.compaction() else {
             self.prepared = Prepared::unchanged(original);
-            self.headers = self.parts.headers.clone();
+            self.headers = self.forwarded_headers();
             return Ok(false);
         };
         let prepared = family.prepare(original, apis, serve).map_err(ProxyError::InvalidRequest)?;

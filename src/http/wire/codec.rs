@@ -199,8 +199,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             spans.push((name, start, start + h.value.len()));
         }
         let head = buf.split_to(length).freeze();
-        // Room for the `x-foldgate-*` headers the answer may get.
-        let mut headers = HeaderMap::with_capacity(spans.len() + 8);
+        let mut headers = HeaderMap::with_capacity(spans.len());
         for (name, start, end) in spans {
             let value = HeaderValue::from_maybe_shared(head.slice(start..end))
                 .map_err(|_| WireError::Head("header value"))?;

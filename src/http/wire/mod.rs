@@ -122,8 +122,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             return Err(Failed { error, unsent: None });
         }
 
-        let method = parts.method.clone();
-        let early = poll_fn(|cx| self.poll_write(&mut out, &mut body, &method, cx)).await;
+        let early = poll_fn(|cx| self.poll_write(&mut out, &mut body, &parts.method, cx)).await;
         let early = match early {
             Ok(early) => early,
             Err(error) => {
@@ -146,8 +145,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             None => {
                 self.io.flush().await.map_err(|e| failed(e.into()))?;
                 loop {
-                    if let Some(head) =
-                        codec::parse_head(&mut self.buf, &method).map_err(|e| failed(e.into()))?
+                    if let Some(head) = codec::parse_head(&mut self.buf, &parts.method)
+                        .map_err(|e| failed(e.into()))?
                     {
                         break head;
                     }
