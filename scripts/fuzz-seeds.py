@@ -196,6 +196,12 @@ SAMPLES = {
     "anthropic_edits": [],
     # A zstd frame (one RLE block of five "a") and a brotli stream ("abc"), written by
     # hand: the standard library writes neither; then deflate inside gzip (first byte 5).
+    "client_request": [control(b"POST /v1/chat/completions HTTP/1.1\r\nhost: f\r\ncontent-length: 5\r\n\r\nhelloGET / HTTP/1.1\r\n\r\n",
+                               b"\x02\x05\x0b"),
+                       control(b"POST /v1/responses HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\nexpect: 100-continue\r\n\r\n"
+                               b"5;x=1\r\nhello\r\n0\r\nx-sum: 1\r\n\r\n", b"\x02\x03\x05"),
+                       control(b"GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\nte: trailers\r\n\r\n"),
+                       control(b"\r\nHEAD http://h/v1/models?x=1 HTTP/1.1\r\ncontent-length: 2, 2\r\n\r\nok", b"\x01\x04")],
     "upstream_response": [control(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", b"\x02\x05\x0b"),
                           control(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
                                   b"5;x=1\r\nhello\r\n0\r\nx-sum: 1\r\n\r\n", b"\x02\x03\x05"),

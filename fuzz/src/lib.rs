@@ -32,6 +32,7 @@ use foldgate::http::session_key::SessionHeaders;
 use foldgate::http::sse::Events;
 use foldgate::http::usage::{Usage, UsageReader, response_output};
 use foldgate::http::wire::codec::{Decoded, Decoder, parse_head};
+use foldgate::http::wire::inbound::{Answering, parse_request_head, response_head};
 use foldgate::model::{ChatRequest, Role};
 use foldgate::outline::{Outline, array_elements};
 use foldgate::summarizer::ExtractiveSummarizer;
@@ -56,6 +57,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("anthropic_edits", anthropic_edits),
     ("request_encoding", request_encoding),
     ("upstream_response", upstream_response),
+    ("client_request", client_request),
 ];
 
 /// The input's first bytes (up to eight) as chunk sizes, cycled, and the rest as the
@@ -528,6 +530,74 @@ pub fn upstream_response(data: &[u8]) {
     let whole = read_response(wire, &[wire.len().max(1)], &method);
     let split = read_response(wire, &sizes, &method);
     assert_eq!(split, whole, "the same answer however the bytes arrive");
+}
+
+/// A client's HTTP/1.1 request as foldgate's server reads it off the connection: the
+/// head, then the body as its framing says. Read in the input's chunks, it gives what it
+/// gives read whole: the same request, body bytes, trailers and leftover (a pipelined
+/// request), or an error either way. The head of an answer to it states one framing.
+pub fn client_request(data: &[u8]) {
+    let (sizes, wire) = split(data);
+    let whole = read_request(wire, &[wire.len().max(1)]);
+    let split = read_request(wire, &sizes);
+    assert_eq!(split, whole, "the same request however the bytes arrive");
+}
+
+/// What reading `wire` in chunks of `sizes` gives: method, target, body, trailers seen
+/// and leftover bytes at its end, or `None` for an error.
+fn read_request(wire: &[u8], sizes: &[usize]) -> Option<(String, String, Vec<u8>, bool, usize)> {
+    let mut ends = chunk_ends(sizes, wire.len()).into_iter();
+    let mut buf = bytes::BytesMut::new();
+    let mut fed = 0;
+    let mut feed = |buf: &mut bytes::BytesMut| match ends.next() {
+        Some(end) => {
+            buf.extend_from_slice(&wire[fed..end]);
+            fed = end;
+            true
+        }
+        None => false,
+    };
+    let head = loop {
+        match parse_request_head(&mut buf) {
+            Err(_) => return None,
+            Ok(Some(head)) => break head,
+            Ok(None) if !feed(&mut buf) => return None,
+            Ok(None) => {}
+        }
+    };
+    let headers = head.request.headers();
+    assert!(
+        !(headers.contains_key("transfer-encoding") && headers.contains_key("content-length")),
+        "one framing reaches the service"
+    );
+    let mut answer_headers = http::HeaderMap::new();
+    let answering = Answering::of(&head.request, head.keep_alive);
+    let answer =
+        response_head(http::StatusCode::OK, None, &mut answer_headers, answering, false, None);
+    let text = String::from_utf8_lossy(&answer.bytes).to_string();
+    assert!(
+        !(text.contains("content-length:") && text.contains("transfer-encoding:")),
+        "one framing in the answer: {text}"
+    );
+    let mut decoder = Decoder::new(head.framing);
+    let (mut body, mut trailers) = (Vec::new(), false);
+    loop {
+        match decoder.decode(&mut buf) {
+            Err(_) => return None,
+            Ok(Decoded::Data(data)) => {
+                assert!(!data.is_empty(), "no empty data frames");
+                body.extend_from_slice(&data);
+            }
+            Ok(Decoded::Trailers(_)) => trailers = true,
+            Ok(Decoded::End) => break,
+            Ok(Decoded::More) if feed(&mut buf) => {}
+            // A request body is never delimited by the close.
+            Ok(Decoded::More) => return None,
+        }
+    }
+    let left = buf.len() + wire.len() - fed;
+    let request = &head.request;
+    Some((request.method().to_string(), request.uri().to_string(), body, trailers, left))
 }
 
 /// What reading `wire` in chunks of `sizes` gives: status, body, trailers seen and

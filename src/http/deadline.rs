@@ -192,22 +192,6 @@ pub async fn timeout<F: Future>(after: Duration, future: F) -> Result<F::Output,
     .await
 }
 
-impl hyper::rt::Sleep for Deadline {}
-
-/// hyper's timer on a connection thread: its sleeps are [`Deadline`]s.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CoarseTimer;
-
-impl hyper::rt::Timer for CoarseTimer {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(Deadline::after(duration))
-    }
-
-    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(Deadline::at(deadline))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

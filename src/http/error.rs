@@ -61,6 +61,15 @@ pub enum ProxyError {
     /// foldgate failed to answer a request it serves itself.
     #[error("foldgate could not serve the request: {0}")]
     Internal(String),
+    /// The request head is not HTTP/1.1 foldgate can read (answered before the
+    /// connection closes).
+    #[error("{message}")]
+    MalformedRequest {
+        /// 400, 431 (a head too large) or 505 (another HTTP version).
+        status: StatusCode,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A bounded resource is used up (what is named); the client may try again later.
     #[error("too many {0} at once; try again later")]
     Overloaded(&'static str),
@@ -117,6 +126,9 @@ impl ProxyError {
                 (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error")
             }
             Self::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", "overloaded"),
+            Self::MalformedRequest { status, .. } => {
+                (*status, "invalid_request_error", "malformed_request")
+            }
         }
     }
 

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 use http::header::CONTENT_ENCODING;
-use hyper::body::Incoming;
 
 use super::body::{BodyProgress, read_limited};
 use super::content_coding::{self, DecodeError, Encoding};
 use super::error::ProxyError;
+use super::wire::server::ClientBody;
 use crate::metrics::DecodeResult;
 use crate::vocab::ContentCoding;
 
@@ -75,7 +75,7 @@ impl ReceivedBody {
 /// (a declared length over it was refused before any handler), and decodes a compressed
 /// body with its output bounded by `limit` (413 past it); also how its coding was read.
 pub async fn read(
-    body: Incoming,
+    body: ClientBody,
     limit: u64,
     headers: &HeaderMap,
     progress: Arc<BodyProgress>,

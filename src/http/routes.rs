@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body::Body as _;
-use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, full};
 use super::dialect::{ChatCompletions, Dialect, Messages, Responses, ResponsesCompact};
@@ -21,6 +20,7 @@ use super::record::{self, Operation, Record};
 use super::trace::{self, in_span};
 use super::upstream::Upstream;
 use super::websocket::WebSockets;
+use super::wire::server::ClientBody;
 use crate::metrics::{Metrics, Route};
 
 /// What every request handler shares.
@@ -56,7 +56,7 @@ impl Router {
     }
 }
 
-impl tower::Service<Request<Incoming>> for Router {
+impl tower::Service<Request<ClientBody>> for Router {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = BoxFuture<'static, Result<Response<ProxyBody>, Infallible>>;
@@ -65,7 +65,7 @@ impl tower::Service<Request<Incoming>> for Router {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
         let state = self.state.clone();
         Box::pin(async move {
             let has_body = !request.body().is_end_stream();
@@ -88,7 +88,7 @@ async fn compacted<D: Dialect>(
     state: &AppState,
     dialect: &D,
     upstream: &Upstream,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     if let Err(error) = within_limit(state, &request) {
@@ -124,7 +124,7 @@ fn traced(
 async fn forwarded(
     state: &AppState,
     upstream: &Upstream,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     if let Err(error) = within_limit(state, &request) {
@@ -142,7 +142,7 @@ async fn forwarded(
 /// Routes `request`; handlers that read its body record how far in `progress`.
 async fn dispatch(
     state: &AppState,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     let path = request.uri().path();
@@ -200,7 +200,7 @@ async fn dispatch(
 /// The body limit, checked once for every route that reads a body (compacted and
 /// forwarded): a declared length past it is refused before a byte is read; a body that
 /// grows past it is cut where it is read.
-fn within_limit(state: &AppState, request: &Request<Incoming>) -> Result<(), ProxyError> {
+fn within_limit(state: &AppState, request: &Request<ClientBody>) -> Result<(), ProxyError> {
     match declared_length(request.headers()) {
         Some(len) if len > state.max_body => {
             Err(ProxyError::BodyTooLarge { limit: state.max_body })

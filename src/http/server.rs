@@ -7,24 +7,27 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
-use super::deadline::{CoarseTimer, Deadlines};
+use super::deadline::Deadlines;
 use super::exchange::CompactedRoutes;
 use super::inspect::admin::{self, Admin};
 use super::layers::{AccessLogLayer, RequestIdLayer};
-use super::linger::{LINGER_SLACK, Linger, LingerFlag, LingerIo};
+use super::linger::LINGER_SLACK;
 use super::routes::{AppState, Router};
 use super::upstream::{Upstream, UpstreamSetupError};
 use super::websocket::{Frames, WebSockets};
+use super::wire::server::{Settings, serve};
 use crate::config::Config;
 use crate::config::WebSocketMode;
 use crate::metrics::Metrics;
+
+/// The longest wait for a request head (and an idle connection's life), as hyper's
+/// `header_read_timeout` was.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -205,10 +208,9 @@ impl Server {
     /// requests finish for up to `server.shutdown_grace`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         // Layer order, outermost first:
-        // 0. Linger, per connection (wrapped in the accept loop): on a response marked
-        //    `UnreadBody` by the router (answered before the request body's end) adds
-        //    `Connection: close` and arms the connection's lingering close, which its
-        //    `LingerIo` performs when hyper shuts the connection down.
+        // 0. The HTTP/1.1 connection (`wire::server`): on a response marked `UnreadBody`
+        //    by the router (answered before the request body's end) it says
+        //    `connection: close` and closes lingering (see `linger`).
         // 1. RequestIdLayer: takes or makes `x-request-id`, puts it in extensions, sends
         //    it upstream (as a request header) and back (as a response header).
         // 2. AccessLogLayer: one line per request when the response body ends.
@@ -220,8 +222,7 @@ impl Server {
         // The per-request timeouts (request head, upstream first byte) are this thread's
         // coarse deadlines, ticked by `pace_timers`.
         let ticking = Deadlines::install();
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(CoarseTimer).header_read_timeout(Duration::from_secs(30));
+        let settings = Settings { head_timeout: HEAD_TIMEOUT, max_drain: self.max_drain };
         let metrics_task = self.metrics_listener.map(|(listener, path)| {
             tokio::spawn(serve_metrics(listener, path, self.state.metrics.clone()))
         });
@@ -229,7 +230,7 @@ impl Server {
             self.admin_listener.map(|(listener, api)| tokio::spawn(admin::serve(listener, api)));
         let sweeper = self.housekeeping.then(|| tokio::spawn(sweep_sessions(self.state.clone())));
         let pacer = tokio::spawn(pace_timers(self.state.clone(), ticking.deadlines()));
-        let graceful = GracefulShutdown::new();
+        let stop = CancellationToken::new();
         // Connection tasks live here so that those still open after the grace period
         // are aborted even when the runtime outlives `run` (embedding, tests).
         let mut connections = tokio::task::JoinSet::new();
@@ -238,8 +239,8 @@ impl Server {
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => {
-                    let (stream, peer) = match accepted {
-                        Ok(pair) => pair,
+                    let stream = match accepted {
+                        Ok((stream, _)) => stream,
                         Err(e) => {
                             // Out of file descriptors and the like: back off, keep serving.
                             tracing::warn!(error = %e, "accept failed");
@@ -248,24 +249,15 @@ impl Server {
                         }
                     };
                     let _ = stream.set_nodelay(true);
-                    let linger = LingerFlag::default();
-                    let io = TokioIo::new(LingerIo::new(stream, linger.clone(), self.max_drain));
-                    let hyper_service = TowerToHyperService::new(Linger::new(service.clone(), linger));
-                    let connection = builder.serve_connection_with_upgrades(io, hyper_service).into_owned();
-                    let connection = graceful.watch(connection);
                     while connections.try_join_next().is_some() {}
-                    connections.spawn(async move {
-                        if let Err(e) = connection.await {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                    });
+                    connections.spawn(serve(stream, service.clone(), settings, stop.clone()));
                 }
                 () = &mut shutdown => break,
             }
         }
         self.state.ready.store(false, Ordering::Release);
         drop(self.listener);
-        drain(&self.state, self.grace, graceful, &connections).await;
+        drain(&self.state, self.grace, &stop, &mut connections).await;
         connections.abort_all();
         if let Some(task) = sweeper {
             task.abort();
@@ -281,17 +273,20 @@ impl Server {
     }
 }
 
-/// Lets in-flight requests finish for up to `grace`, then the background folds within
-/// what is left of it (a digest half made is not thrown away).
-async fn drain<T: 'static>(
+/// Lets in-flight requests finish for up to `grace` (idle connections close at once,
+/// busy ones after their response), then the background folds within what is left of
+/// it (a digest half made is not thrown away).
+async fn drain(
     state: &AppState,
     grace: Duration,
-    graceful: GracefulShutdown,
-    connections: &tokio::task::JoinSet<T>,
+    stop: &CancellationToken,
+    connections: &mut tokio::task::JoinSet<()>,
 ) {
     tracing::info!(grace = %humantime::format_duration(grace), "draining in-flight requests");
     let draining = std::time::Instant::now();
-    match tokio::time::timeout(grace, graceful.shutdown()).await {
+    stop.cancel();
+    let closed = async { while connections.join_next().await.is_some() {} };
+    match tokio::time::timeout(grace, closed).await {
         Ok(()) => tracing::info!("all connections closed"),
         Err(_) => tracing::warn!(
             open = connections.len(),

@@ -28,8 +28,6 @@ use futures_util::{SinkExt, StreamExt};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use serde_json::{Map, Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::WebSocketStream;
@@ -47,6 +45,7 @@ use super::sse::Events;
 use super::trace::in_span;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
+use super::wire::server::{ClientBody, OnUpgrade};
 use crate::api::responses::{input_as_items, joined_items, without_trigger};
 use crate::metrics::Metrics;
 
@@ -85,10 +84,11 @@ impl WebSockets {
     }
 }
 
-/// Answers the upgrade: 101, then the connection is served once hyper hands it over.
+/// Answers the upgrade: 101, then the connection is served once the HTTP/1.1 server
+/// hands it over.
 pub fn upgrade(
     sockets: &WebSockets,
-    mut request: Request<Incoming>,
+    mut request: Request<ClientBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let headers = request.headers();
     let version = headers.get("sec-websocket-version").map(HeaderValue::as_bytes);
@@ -101,12 +101,15 @@ pub fn upgrade(
     let Ok(permit) = sockets.permits.clone().try_acquire_owned() else {
         return Err(ProxyError::Overloaded("WebSocket connections"));
     };
+    // Only an HTTP/1.1 connection can be handed over.
+    let Some(on_upgrade) = OnUpgrade::take(&mut request) else {
+        return Err(ProxyError::InvalidRequest("a WebSocket upgrade needs HTTP/1.1".into()));
+    };
     let head = frame_headers(request.headers());
-    let on_upgrade = hyper::upgrade::on(&mut request);
     let (state, idle) = (sockets.frames.clone(), sockets.idle);
     tokio::spawn(async move {
-        match on_upgrade.await {
-            Ok(upgraded) => serve(state, head, TokioIo::new(upgraded), idle, permit).await,
+        match on_upgrade.upgraded().await {
+            Ok(upgraded) => serve(state, head, upgraded, idle, permit).await,
             Err(error) => tracing::debug!(%error, "the WebSocket upgrade did not complete"),
         }
     });

@@ -36,7 +36,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use super::body::{BodyProgress, ProxyBody, full};
 use super::chain::{self, ChainSave};
@@ -54,6 +53,7 @@ use super::session_key::ChainScope;
 use super::session_key::SessionHeaders;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
+use super::wire::server::ClientBody;
 use crate::config::ServedBy;
 use crate::conversation::{Conversations, PinError, Steer};
 use crate::metrics::{ChainResult, Metrics};
@@ -103,7 +103,7 @@ pub struct Place<'a, D> {
 /// read goes to `progress`.
 pub async fn run<D: Dialect>(
     place: Place<'_, D>,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     progress: Arc<BodyProgress>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let Place { routes, dialect, upstream, metrics, max_body, .. } = place;
@@ -192,7 +192,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// Phase 1: reads the body, once (see [`request_body::read`]).
     async fn read_body(
         place: Place<'a, D>,
-        request: Request<Incoming>,
+        request: Request<ClientBody>,
         progress: Arc<BodyProgress>,
     ) -> Result<Box<Self>, ProxyError> {
         let (parts, body) = request.into_parts();

@@ -37,13 +37,20 @@ pub enum WireError {
     Incomplete,
 }
 
-/// How a request body goes on the wire.
+/// How a body goes on the wire (a request's to the upstream, a response's to a client).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestFraming {
+pub enum Sending {
     /// Exactly this many bytes (`Content-Length`, or no body).
     Length(u64),
     /// `Transfer-Encoding: chunked`.
-    Chunked,
+    Chunked {
+        /// The trailers of the body go out (a response's only when its client sent
+        /// `TE: trailers`).
+        trailers: bool,
+    },
+    /// Raw bytes until the connection closes (a response to an HTTP/1.0 client whose
+    /// size is unknown).
+    UntilClose,
 }
 
 /// Decides how a request body is framed and sets the headers that say so, as hyper's
@@ -56,10 +63,10 @@ pub fn request_framing(
     headers: &mut HeaderMap,
     ended: bool,
     exact: Option<u64>,
-) -> RequestFraming {
+) -> Sending {
     if ended {
         headers.remove(header::TRANSFER_ENCODING);
-        return RequestFraming::Length(0);
+        return Sending::Length(0);
     }
     if let Some(coding) = headers.get(header::TRANSFER_ENCODING) {
         if !last_coding_is_chunked(headers.get_all(header::TRANSFER_ENCODING).iter()) {
@@ -70,23 +77,23 @@ pub fn request_framing(
             }
         }
         headers.remove(header::CONTENT_LENGTH);
-        return RequestFraming::Chunked;
+        return Sending::Chunked { trailers: true };
     }
     if let Some(length) = content_length(headers) {
-        return RequestFraming::Length(length);
+        return Sending::Length(length);
     }
     match exact {
         Some(length) => {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-            RequestFraming::Length(length)
+            Sending::Length(length)
         }
         None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
-            RequestFraming::Length(0)
+            Sending::Length(0)
         }
         None => {
             headers.remove(header::CONTENT_LENGTH);
             headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-            RequestFraming::Chunked
+            Sending::Chunked { trailers: true }
         }
     }
 }
@@ -251,7 +258,7 @@ fn framing(
 
 /// The `Connection` header allows another request (HTTP/1.1 unless `close`; HTTP/1.0
 /// only with `keep-alive`).
-fn connection_kept(version: Version, headers: &HeaderMap) -> bool {
+pub(super) fn connection_kept(version: Version, headers: &HeaderMap) -> bool {
     let has = |token: &str| {
         headers.get_all(header::CONNECTION).iter().any(|v| {
             v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
@@ -263,7 +270,9 @@ fn connection_kept(version: Version, headers: &HeaderMap) -> bool {
     }
 }
 
-fn last_coding_is_chunked<'a>(values: impl DoubleEndedIterator<Item = &'a HeaderValue>) -> bool {
+pub(super) fn last_coding_is_chunked<'a>(
+    values: impl DoubleEndedIterator<Item = &'a HeaderValue>,
+) -> bool {
     values
         .last()
         .and_then(|v| v.to_str().ok())
@@ -272,7 +281,7 @@ fn last_coding_is_chunked<'a>(values: impl DoubleEndedIterator<Item = &'a Header
 }
 
 /// The one length every `Content-Length` value (and comma-separated item) states.
-fn content_length(headers: &HeaderMap) -> Option<u64> {
+pub(super) fn content_length(headers: &HeaderMap) -> Option<u64> {
     let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
     // The usual case, one value of digits, read without splitting it.
     if let (Some(value), None) = (values.next(), values.next()) {
@@ -660,9 +669,10 @@ mod tests {
             let get = |n: &str| map.get(n).map(|v| v.to_str().unwrap().to_owned());
             (framing, get("content-length"), get("transfer-encoding"))
         };
-        use RequestFraming::{Chunked, Length};
+        use Sending::Length;
+        let chunked = Sending::Chunked { trailers: true };
         assert_eq!(frame(Method::POST, &[], false, Some(3)), (Length(3), Some("3".into()), None));
-        assert_eq!(frame(Method::POST, &[], false, None), (Chunked, None, Some("chunked".into())));
+        assert_eq!(frame(Method::POST, &[], false, None), (chunked, None, Some("chunked".into())));
         assert_eq!(frame(Method::GET, &[], false, None), (Length(0), None, None));
         assert_eq!(frame(Method::POST, &[], true, Some(0)), (Length(0), None, None));
         assert_eq!(
@@ -676,7 +686,7 @@ mod tests {
                 false,
                 None
             ),
-            (Chunked, None, Some("gzip, chunked".into()))
+            (chunked, None, Some("gzip, chunked".into()))
         );
     }
 

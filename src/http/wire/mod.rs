@@ -8,20 +8,23 @@
 //! HTTP/2 upstreams keep hyper's client (`super::connections`).
 
 pub mod codec;
+pub mod inbound;
+mod outgoing;
+pub mod server;
 
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use self::codec::{Decoded, Decoder, RequestFraming, WireError};
+use self::codec::{Decoded, Decoder, Sending, WireError};
+use self::outgoing::{LengthMismatch, Outgoing};
 use super::body::{BoxError, ProxyBody, prefixed};
 
 /// Bytes asked of the socket per read.
@@ -42,6 +45,12 @@ pub enum Error {
     /// The request body's length differs from its `Content-Length`.
     #[error("request body length differs from its content-length")]
     BodyLength,
+}
+
+impl From<LengthMismatch> for Error {
+    fn from(_: LengthMismatch) -> Self {
+        Self::BodyLength
+    }
 }
 
 /// A failed exchange; `unsent` is the request when not one byte of it was written, so
@@ -98,7 +107,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         // The first frame goes out with the head.
         let mut first = Bytes::new();
         let mut trailers = None;
-        let mut ended = framing == RequestFraming::Length(0);
+        let mut ended = framing == Sending::Length(0);
         if !ended {
             match body.frame().await {
                 None => ended = true,
@@ -119,7 +128,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             false => Ok(()),
         });
         if let Err(error) = queued {
-            return Err(Failed { error, unsent: None });
+            return Err(Failed { error: error.into(), unsent: None });
         }
 
         let early = poll_fn(|cx| self.poll_write(&mut out, &mut body, &parts.method, cx)).await;
@@ -191,12 +200,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     Poll::Pending => {}
                 }
             }
-            if !out.queue.is_empty() {
+            if !out.is_empty() {
                 let mut slices = [io::IoSlice::new(&[]); 8];
-                let count = out.queue.len().min(slices.len());
-                for (slice, bytes) in slices.iter_mut().zip(&out.queue) {
-                    *slice = io::IoSlice::new(bytes);
-                }
+                let count = out.slices(&mut slices);
                 match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..count]) {
                     Poll::Ready(Ok(0)) => {
                         return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
@@ -226,75 +232,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     Err(frame) => out.end(frame.into_trailers().ok())?,
                 },
             }
-        }
-    }
-}
-
-/// A request's bytes on their way to the socket, framed as its body needs.
-struct Outgoing {
-    /// What is still to be written, in order (empty pieces are never queued).
-    queue: VecDeque<Bytes>,
-    framing: RequestFraming,
-    /// Body bytes queued so far.
-    sent: u64,
-    /// The body has ended, and its end is queued.
-    ended: bool,
-    /// Some byte reached the socket.
-    written: bool,
-}
-
-impl Outgoing {
-    fn new(framing: RequestFraming, head: Bytes) -> Self {
-        let mut queue = VecDeque::with_capacity(6);
-        queue.push_back(head);
-        let ended = framing == RequestFraming::Length(0);
-        Self { queue, framing, sent: 0, ended, written: false }
-    }
-
-    /// Queues a piece of the body.
-    fn data(&mut self, data: Bytes) -> Result<(), Error> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.sent += data.len() as u64;
-        match self.framing {
-            RequestFraming::Length(length) if self.sent > length => return Err(Error::BodyLength),
-            RequestFraming::Length(_) => self.queue.push_back(data),
-            RequestFraming::Chunked => {
-                self.queue.push_back(Bytes::from(codec::chunk_line(data.len())));
-                self.queue.push_back(data);
-                self.queue.push_back(Bytes::from_static(b"\r\n"));
-            }
-        }
-        Ok(())
-    }
-
-    /// The body ended (with `trailers`, when it had some): queues its end.
-    fn end(&mut self, trailers: Option<http::HeaderMap>) -> Result<(), Error> {
-        if self.ended {
-            return Ok(());
-        }
-        self.ended = true;
-        match self.framing {
-            RequestFraming::Length(length) if self.sent != length => Err(Error::BodyLength),
-            RequestFraming::Length(_) => Ok(()),
-            RequestFraming::Chunked => {
-                self.queue.push_back(Bytes::from(codec::last_chunk(trailers.as_ref())));
-                Ok(())
-            }
-        }
-    }
-
-    /// `written` bytes went out.
-    fn advance(&mut self, mut written: usize) {
-        self.written = true;
-        while let Some(front) = self.queue.front_mut() {
-            if written < front.len() {
-                front.advance(written);
-                return;
-            }
-            written -= front.len();
-            self.queue.pop_front();
         }
     }
 }

@@ -1,0 +1,720 @@
+//! Client connections served over HTTP/1.1 by foldgate itself, one task each: read a
+//! request head, call the service with the request (its body read off the socket as the
+//! service polls it), write the response as its body yields, and go again while the
+//! connection may stay open.
+//!
+//! hyper's server ran these connections before; it did the same in more layers (a
+//! dispatcher, a role, buffered I/O and the tower-to-hyper glue, each polled on every
+//! step). What it did that clients see is kept: the framing rules (`super::inbound`),
+//! `100 Continue` when the body is first read, the request dropped when its client goes
+//! away before the answer, pipelined requests, upgrades (the WebSocket handshake hands
+//! the socket over), and HTTP/2 with prior knowledge (handed to hyper's HTTP/2 server).
+
+use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::io::{self, IoSlice};
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
+use super::codec::{Decoded, Decoder, Framing, WireError};
+use super::inbound::{self, Answering, HeadError, RequestHead};
+use super::outgoing::Outgoing;
+use crate::http::body::{BoxError, ProxyBody};
+use crate::http::deadline;
+use crate::http::error::ProxyError;
+use crate::http::linger::{self, UnreadBody};
+
+/// Bytes asked of the socket per read of a request head.
+const READ_SIZE: usize = 16 * 1024;
+/// A request body of known length up to this size is read whole before the service
+/// gets it, as one piece; a longer one, or a chunked one, goes in pieces as they come.
+const WHOLE_BODY: u64 = 1024 * 1024;
+/// What an HTTP/2 client with prior knowledge sends first.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The interim answer to `Expect: 100-continue`.
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// How the connections of one listener are served.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// The longest wait for a request head, from the connection's start or the end of
+    /// the previous response; an idle connection closes after it.
+    pub head_timeout: Duration,
+    /// The most bytes a lingering close reads (see `crate::http::linger`).
+    pub max_drain: u64,
+}
+
+/// A client's socket, shared by its connection's task, the request body being read
+/// and, after an upgrade, the new protocol.
+#[derive(Debug)]
+struct Socket {
+    stream: TcpStream,
+    /// The connection's read buffer, handed back by a request body at its end (with
+    /// any bytes read past it).
+    returned: Mutex<Option<BytesMut>>,
+}
+
+impl Socket {
+    /// Reads into the spare capacity of `buf`.
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.stream.poll_read_ready(cx))?;
+            match self.stream.try_read_buf(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                result => return Poll::Ready(result),
+            }
+        }
+    }
+
+    /// Writes from `bufs`, in one system call when the socket takes them all.
+    fn poll_write(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.stream.poll_write_ready(cx))?;
+            match self.stream.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                result => return Poll::Ready(result),
+            }
+        }
+    }
+
+    /// Sends FIN: nothing more comes from foldgate.
+    fn shutdown_write(&self) -> io::Result<()> {
+        socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Write)
+    }
+
+    fn returned(&self) -> MutexGuard<'_, Option<BytesMut>> {
+        self.returned.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Serves one client connection until it closes, fails, is idle past the head timeout,
+/// or `stop` is cancelled (then the request in flight is answered, with
+/// `connection: close`, and the connection ends).
+pub async fn serve<S>(
+    stream: TcpStream,
+    mut service: S,
+    settings: Settings,
+    stop: CancellationToken,
+) where
+    S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let socket = Arc::new(Socket { stream, returned: Mutex::new(None) });
+    let mut buf = BytesMut::new();
+    let mut first = true;
+    // How much a read of the next request head asks for: enough for the last request
+    // whole and some growth (agents resend a conversation a little longer each time), so
+    // that its body comes in the same read and is not copied to a larger buffer.
+    let mut read_size = READ_SIZE;
+    let lingering = loop {
+        let head = next_head(&socket, &mut buf, read_size, first, settings.head_timeout, &stop);
+        let head = match head.await {
+            Next::Head(head) => head,
+            Next::Http2 => return serve_http2(socket, buf, service, stop).await,
+            Next::Closed => break false,
+            Next::Refused(error) => {
+                tracing::debug!(%error, "refused a request head");
+                let (status, message) = (error.status(), error.to_string());
+                let response = ProxyError::MalformedRequest { status, message }.into_response();
+                let answering = Answering {
+                    version: http::Version::HTTP_11,
+                    head: false,
+                    trailers: false,
+                    keep_alive: false,
+                };
+                let mut watch = Watch::off();
+                let _ = respond(&socket, response, answering, &mut buf, &mut watch).await;
+                // The client may still be sending (a head too large): it reads the
+                // answer before the close.
+                break true;
+            }
+        };
+        first = false;
+        let RequestHead { request, framing, keep_alive, expects_continue } = head;
+        read_size = match framing {
+            Framing::Length(length) if length <= WHOLE_BODY => {
+                // At most `WHOLE_BODY`: fits in `usize`.
+                (length as usize + length as usize / 4 + 4096).max(READ_SIZE)
+            }
+            _ => READ_SIZE,
+        };
+        let answering = Answering::of(&request, keep_alive);
+        let (mut request, mut watch) = if framing == Framing::Length(0) {
+            (request.map(|()| ClientBody::Empty), Watch::on(false))
+        } else {
+            let body = RequestBody {
+                socket: socket.clone(),
+                buf: std::mem::take(&mut buf),
+                decoder: Decoder::new(framing),
+                continue_left: if expects_continue { CONTINUE.len() } else { 0 },
+                done: false,
+            };
+            (request.map(|()| ClientBody::Wire(body)), Watch::on(true))
+        };
+        let upgrade = match request.headers().contains_key(http::header::UPGRADE) {
+            true => {
+                let (sender, receiver) = oneshot::channel();
+                request.extensions_mut().insert(OnUpgrade(Arc::new(Mutex::new(Some(receiver)))));
+                Some(sender)
+            }
+            false => None,
+        };
+
+        // The answer, unless the client leaves first (then the request is dropped, and
+        // with it whatever it was waiting for upstream).
+        let mut call = pin!(service.call(request));
+        let response = poll_fn(|cx| match call.as_mut().poll(cx) {
+            Poll::Ready(Ok(response)) => Poll::Ready(Some(response)),
+            Poll::Ready(Err(never)) => match never {},
+            Poll::Pending if watch.poll_gone(&socket, &mut buf, cx) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        })
+        .await;
+        let Some(response) = response else { break false };
+        let unread = response.extensions().get::<UnreadBody>().is_some();
+        let keep_alive = answering.keep_alive && !unread && !stop.is_cancelled();
+        let answering = Answering { keep_alive, ..answering };
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        let Ok(kept) = respond(&socket, response, answering, &mut buf, &mut watch).await else {
+            break false;
+        };
+        if switching && let Some(sender) = upgrade {
+            let io = ClientIo { prefix: std::mem::take(&mut buf).freeze(), socket };
+            if let Err(io) = sender.send(io) {
+                let _ = io.socket.shutdown_write();
+            }
+            return;
+        }
+        if unread {
+            break true;
+        }
+        // The body's end gave the read buffer back; without it (the body was not read
+        // to its end) the connection cannot carry another request.
+        if !watch.take_back(&socket, &mut buf) || !kept || stop.is_cancelled() {
+            break false;
+        }
+    };
+    let io = ClientIo { prefix: Bytes::new(), socket };
+    if lingering {
+        linger::close(io, settings.max_drain).await;
+    } else {
+        let _ = io.socket.shutdown_write();
+    }
+}
+
+/// Makes room in `buf` for `additional` more bytes. An empty buffer that is too small
+/// is replaced, not grown: growing would copy the bytes already consumed from it
+/// (`BytesMut` keeps them before its start until its allocation is reused).
+fn room(buf: &mut BytesMut, additional: usize) {
+    if buf.is_empty() && buf.capacity() < additional {
+        *buf = BytesMut::with_capacity(additional);
+    } else {
+        buf.reserve(additional);
+    }
+}
+
+/// What came first on the connection. Lives on the stack for a moment: the head is not
+/// boxed.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Head(RequestHead),
+    /// The HTTP/2 preface.
+    Http2,
+    /// The client closed (or stayed idle past the timeout, or the server is stopping)
+    /// with no request begun.
+    Closed,
+    Refused(HeadError),
+}
+
+/// Reads the next request head into `buf`, with room for `read_size` bytes; `first`: the
+/// connection's first bytes, which may be the HTTP/2 preface.
+async fn next_head(
+    socket: &Socket,
+    buf: &mut BytesMut,
+    read_size: usize,
+    first: bool,
+    timeout: Duration,
+    stop: &CancellationToken,
+) -> Next {
+    // A pipelined request already read needs no wait.
+    if !buf.is_empty() && !first {
+        match inbound::parse_request_head(buf) {
+            Ok(Some(head)) => return Next::Head(head),
+            Ok(None) => {}
+            Err(error) => return Next::Refused(error),
+        }
+    }
+    let idle = buf.is_empty();
+    let read = async {
+        loop {
+            if buf.capacity() - buf.len() < read_size {
+                room(buf, read_size);
+            }
+            match poll_fn(|cx| socket.poll_read(cx, buf)).await {
+                Ok(0) | Err(_) => return Next::Closed,
+                Ok(_) => {}
+            }
+            if first && buf.len() <= PREFACE.len() && PREFACE.starts_with(buf) {
+                if buf.len() == PREFACE.len() {
+                    return Next::Http2;
+                }
+                continue;
+            }
+            if first && buf.starts_with(PREFACE) {
+                return Next::Http2;
+            }
+            match inbound::parse_request_head(buf) {
+                Ok(Some(head)) => return Next::Head(head),
+                Ok(None) => {}
+                Err(error) => return Next::Refused(error),
+            }
+        }
+    };
+    let timed = deadline::timeout(timeout, read);
+    tokio::select! {
+        biased;
+        next = timed => next.unwrap_or(Next::Closed),
+        () = stop.cancelled(), if idle => Next::Closed,
+    }
+}
+
+/// Watches a connection for its client leaving while a request is served: a read that
+/// finds the end of the stream. Bytes read instead (a pipelined request) stay in the
+/// buffer, and the watch ends. Nothing is read while the request body is still being
+/// read by the service; its own read sees the client leave.
+struct Watch {
+    /// The request body has the read buffer.
+    body_out: bool,
+    /// Not watching (nothing to watch, or bytes of the next request came).
+    off: bool,
+}
+
+impl Watch {
+    fn on(body_out: bool) -> Self {
+        Self { body_out, off: false }
+    }
+
+    fn off() -> Self {
+        Self { body_out: false, off: true }
+    }
+
+    /// Takes the read buffer back from a body that has ended; false while the body has
+    /// it.
+    fn take_back(&mut self, socket: &Socket, buf: &mut BytesMut) -> bool {
+        if self.body_out {
+            match socket.returned().take() {
+                Some(returned) => {
+                    *buf = returned;
+                    self.body_out = false;
+                }
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// True when the client has gone: the connection reads its end (or fails).
+    fn poll_gone(&mut self, socket: &Socket, buf: &mut BytesMut, cx: &mut Context<'_>) -> bool {
+        if self.off || !self.take_back(socket, buf) {
+            return false;
+        }
+        loop {
+            if socket.stream.poll_read_ready(cx).is_pending() {
+                return false;
+            }
+            let mut probe = [0u8; 512];
+            match socket.stream.try_read(&mut probe) {
+                Ok(0) => return true,
+                Ok(read) => {
+                    buf.extend_from_slice(&probe[..read]);
+                    self.off = true;
+                    return false;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+/// Writes `response` to the client; `Ok(true)` when the connection may carry another
+/// request as far as the response goes, `Err` when the client left or the body failed
+/// (the connection must close, abruptly).
+async fn respond(
+    socket: &Socket,
+    response: Response<ProxyBody>,
+    answering: Answering,
+    buf: &mut BytesMut,
+    watch: &mut Watch,
+) -> Result<bool, ()> {
+    let (mut parts, mut body) = response.into_parts();
+    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>().map(|r| r.as_bytes());
+    let head = inbound::response_head(
+        parts.status,
+        reason,
+        &mut parts.headers,
+        answering,
+        body.is_end_stream(),
+        body.size_hint().exact(),
+    );
+    let mut out = Outgoing::new(head.sending, Bytes::from(head.bytes));
+    poll_fn(|cx| {
+        loop {
+            // Whatever the body has ready goes out with the head, in one write.
+            while !out.ended && out.queued() < READ_SIZE {
+                match Pin::new(&mut body).poll_frame(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(None) => out.end(None).map_err(drop)?,
+                    Poll::Ready(Some(Err(error))) => {
+                        tracing::debug!(%error, "a response body failed: the connection closes");
+                        return Poll::Ready(Err(()));
+                    }
+                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                        Ok(data) => {
+                            out.data(data).map_err(drop)?;
+                            if body.is_end_stream() {
+                                out.end(None).map_err(drop)?;
+                            }
+                        }
+                        Err(frame) => out.end(frame.into_trailers().ok()).map_err(drop)?,
+                    },
+                }
+            }
+            if out.is_empty() {
+                if out.ended {
+                    return Poll::Ready(Ok(head.keep_alive));
+                }
+                if watch.poll_gone(socket, buf, cx) {
+                    return Poll::Ready(Err(()));
+                }
+                return Poll::Pending;
+            }
+            let mut slices = [IoSlice::new(&[]); 16];
+            let count = out.slices(&mut slices);
+            match socket.poll_write(cx, &slices[..count]) {
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Err(())),
+                Poll::Ready(Ok(written)) => out.advance(written),
+                Poll::Pending => {
+                    if watch.poll_gone(socket, buf, cx) {
+                        return Poll::Ready(Err(()));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// Hands the connection to hyper's HTTP/2 server (a client that speaks HTTP/2 with
+/// prior knowledge), the preface in front.
+async fn serve_http2<S>(socket: Arc<Socket>, buf: BytesMut, service: S, stop: CancellationToken)
+where
+    S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let io = TokioIo::new(ClientIo { prefix: buf.freeze(), socket });
+    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        service.clone().call(request.map(ClientBody::Hyper))
+    });
+    let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(io, service);
+    let mut connection = pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, "an HTTP/2 connection ended with an error");
+            }
+        }
+        () = stop.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
+}
+
+/// The body of a client's request: read by foldgate's own HTTP/1.1 server, or by
+/// hyper's HTTP/2 server.
+#[derive(Debug)]
+pub enum ClientBody {
+    /// No body (no `Content-Length`, or zero).
+    Empty,
+    /// Read off an HTTP/1.1 connection as it is polled.
+    Wire(RequestBody),
+    /// An HTTP/2 stream's.
+    Hyper(hyper::body::Incoming),
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Empty => Poll::Ready(None),
+            Self::Wire(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Self::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Empty => true,
+            Self::Wire(body) => body.is_end_stream(),
+            Self::Hyper(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Empty => SizeHint::with_exact(0),
+            Self::Wire(body) => body.size_hint(),
+            Self::Hyper(body) => body.size_hint(),
+        }
+    }
+}
+
+/// A request body read off the client's connection as it is polled.
+#[derive(Debug)]
+pub struct RequestBody {
+    socket: Arc<Socket>,
+    /// The connection's read buffer, the body's first bytes in front.
+    buf: BytesMut,
+    decoder: Decoder,
+    /// Bytes of `100 Continue` still to write before the first read.
+    continue_left: usize,
+    /// Ended: the buffer went back to the connection (or the body failed).
+    done: bool,
+}
+
+/// Why a request body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    /// The chunks are malformed, or the connection closed before the body's end.
+    #[error("request body: {0}")]
+    Message(#[from] WireError),
+    /// Reading the connection failed.
+    #[error("request body: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl RequestBody {
+    fn finish(&mut self) {
+        self.done = true;
+        *self.socket.returned() = Some(std::mem::take(&mut self.buf));
+    }
+
+    /// Writes what is left of `100 Continue`.
+    fn poll_continue(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.continue_left > 0 {
+            let from = CONTINUE.len() - self.continue_left;
+            let written = ready!(self.socket.poll_write(cx, &[IoSlice::new(&CONTINUE[from..])]))?;
+            if written == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.continue_left -= written;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            // A body of known, moderate length goes out whole, as one piece.
+            let whole = this.decoder.remaining().filter(|&left| left <= WHOLE_BODY);
+            let short = match whole {
+                Some(left) => (this.buf.len() as u64) < left,
+                None => this.buf.is_empty(),
+            };
+            let decoded = match short {
+                true => Ok(Decoded::More),
+                false => this.decoder.decode(&mut this.buf),
+            };
+            match decoded {
+                Ok(Decoded::More) => {
+                    if let Err(error) = ready!(this.poll_continue(cx)) {
+                        this.done = true;
+                        return Poll::Ready(Some(Err(error.into())));
+                    }
+                    // Room for the rest (the part read with the head moves along when
+                    // the buffer must grow; the connection sizes its reads so that it
+                    // seldom must).
+                    match whole {
+                        // At most `WHOLE_BODY`: fits in `usize`.
+                        Some(left) => {
+                            let missing = left as usize - this.buf.len();
+                            room(&mut this.buf, missing);
+                        }
+                        None if this.buf.capacity() == this.buf.len() => {
+                            room(&mut this.buf, READ_SIZE);
+                        }
+                        None => {}
+                    }
+                    match ready!(this.socket.poll_read(cx, &mut this.buf)) {
+                        Ok(0) => {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(WireError::Incomplete.into())));
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(error.into())));
+                        }
+                    }
+                }
+                Ok(Decoded::Data(data)) => {
+                    if this.decoder.is_done() {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Decoded::Trailers(trailers)) => {
+                    this.finish();
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
+                Ok(Decoded::End) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Err(error) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(error.into())));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.decoder.is_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.decoder.remaining() {
+            Some(left) => SizeHint::with_exact(left),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+/// A request extension: the connection, once the response to an upgrade (`101
+/// Switching Protocols`) has been written.
+#[derive(Debug, Clone)]
+pub struct OnUpgrade(Arc<Mutex<Option<oneshot::Receiver<ClientIo>>>>);
+
+/// The upgrade did not happen (the response was not `101`, or the connection failed
+/// first).
+#[derive(Debug, thiserror::Error)]
+#[error("the connection was not upgraded")]
+pub struct NotUpgraded;
+
+impl OnUpgrade {
+    /// Takes the upgrade handle out of `request`; `None` when it asks for no upgrade or
+    /// came over HTTP/2.
+    pub fn take<B>(request: &mut Request<B>) -> Option<Self> {
+        request.extensions_mut().remove::<Self>()
+    }
+
+    /// The connection, after the `101` response went out.
+    pub async fn upgraded(self) -> Result<ClientIo, NotUpgraded> {
+        let receiver = self.0.lock().ok().and_then(|mut r| r.take()).ok_or(NotUpgraded)?;
+        receiver.await.map_err(|_| NotUpgraded)
+    }
+}
+
+/// A client's connection as a byte stream, the bytes already read from it in front: an
+/// upgraded connection, an HTTP/2 one, or one closing.
+#[derive(Debug)]
+pub struct ClientIo {
+    prefix: Bytes,
+    socket: Arc<Socket>,
+}
+
+impl AsyncRead for ClientIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let take = self.prefix.len().min(out.remaining());
+            out.put_slice(&self.prefix[..take]);
+            self.prefix.advance(take);
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            ready!(self.socket.stream.poll_read_ready(cx))?;
+            // SAFETY-free: `try_read` fills an initialized slice.
+            let unfilled = out.initialize_unfilled();
+            match self.socket.stream.try_read(unfilled) {
+                Ok(read) => {
+                    out.advance(read);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for ClientIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.socket.poll_write(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.socket.poll_write(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.socket.shutdown_write())
+    }
+}
