@@ -718,3 +718,121 @@ impl AsyncWrite for ClientIo {
         Poll::Ready(self.socket.shutdown_write())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::http::body::full;
+
+    /// A server of `service` on a loopback port; its stop token.
+    async fn listen<S>(
+        service: S,
+        head_timeout: Duration,
+    ) -> (std::net::SocketAddr, CancellationToken)
+    where
+        S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let settings = Settings { head_timeout, max_drain: 1024 };
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                tokio::spawn(serve(stream, service.clone(), settings, token.clone()));
+            }
+        });
+        (addr, stop)
+    }
+
+    /// Everything the server sends until it closes (within 10 s).
+    async fn read_to_close(stream: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out));
+        read.await.expect("closed within 10 s").unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_closes_after_the_head_timeout() {
+        let hello = tower::service_fn(|_: Request<ClientBody>| async {
+            Ok::<_, Infallible>(Response::new(full("hello")))
+        });
+        let (addr, _stop) = listen(hello, Duration::from_millis(300)).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let started = Instant::now();
+        let answer = read_to_close(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("hello"), "{answer}");
+        assert!(started.elapsed() >= Duration::from_millis(300), "kept open while idle");
+        // A head begun and never finished gets the same bound.
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"GET / HTTP/1.1\r\nhost: a").await.unwrap();
+        assert_eq!(read_to_close(&mut stream).await, "");
+    }
+
+    #[tokio::test]
+    async fn stopping_closes_idle_connections_and_answers_the_busy_one_with_close() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let count = calls.clone();
+        let slow = tower::service_fn(move |_: Request<ClientBody>| {
+            count.fetch_add(1, Ordering::SeqCst);
+            async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, Infallible>(Response::new(full("done")))
+            }
+        });
+        let (addr, stop) = listen(slow, Duration::from_secs(30)).await;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        while calls.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        assert_eq!(read_to_close(&mut idle).await, "", "the idle connection closes at once");
+        let answer = read_to_close(&mut busy).await;
+        assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+        assert!(answer.ends_with("done"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_hands_the_socket_over_after_the_101() {
+        let upgrade = tower::service_fn(|mut request: Request<ClientBody>| async move {
+            let on_upgrade = OnUpgrade::take(&mut request).expect("an upgrade handle");
+            tokio::spawn(async move {
+                let mut io = on_upgrade.upgraded().await.unwrap();
+                let mut word = [0u8; 4];
+                io.read_exact(&mut word).await.unwrap();
+                io.write_all(&word).await.unwrap();
+                io.shutdown().await.unwrap();
+            });
+            let mut response = Response::new(full(""));
+            *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            response.headers_mut().insert(http::header::UPGRADE, "echo".parse().unwrap());
+            response.headers_mut().insert(http::header::CONNECTION, "upgrade".parse().unwrap());
+            Ok::<_, Infallible>(response)
+        });
+        let (addr, _stop) = listen(upgrade, Duration::from_secs(30)).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        // The first bytes of the new protocol come with the request itself.
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nupgrade: echo\r\nconnection: upgrade\r\n\r\nping")
+            .await
+            .unwrap();
+        let answer = read_to_close(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 101 Switching Protocols\r\n"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nping"), "{answer}");
+    }
+}
