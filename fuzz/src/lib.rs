@@ -532,6 +532,65 @@ pub fn upstream_response(data: &[u8]) {
     assert_eq!(split, whole, "the same answer however the bytes arrive");
 }
 
+/// `wire` handed out in chunks ending at the offsets `sizes` give.
+struct Feed<'a> {
+    wire: &'a [u8],
+    ends: std::vec::IntoIter<usize>,
+    fed: usize,
+}
+
+impl<'a> Feed<'a> {
+    fn new(wire: &'a [u8], sizes: &[usize]) -> Self {
+        Self { wire, ends: chunk_ends(sizes, wire.len()).into_iter(), fed: 0 }
+    }
+
+    /// Appends the next chunk to `buf`; false when none is left.
+    fn next(&mut self, buf: &mut bytes::BytesMut) -> bool {
+        match self.ends.next() {
+            Some(end) => {
+                buf.extend_from_slice(&self.wire[self.fed..end]);
+                self.fed = end;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes not handed out yet.
+    fn unread(&self) -> usize {
+        self.wire.len() - self.fed
+    }
+}
+
+/// A body read with `decoder` from `buf`, fed as it asks: its bytes and whether it had
+/// trailers; `None` for an error. `close_ends`: the end of the input ends a body
+/// delimited by the close (a response's), instead of being an error.
+fn read_body(
+    mut decoder: Decoder,
+    buf: &mut bytes::BytesMut,
+    feed: &mut Feed<'_>,
+    close_ends: bool,
+) -> Option<(Vec<u8>, bool)> {
+    let (mut body, mut trailers) = (Vec::new(), false);
+    loop {
+        match decoder.decode(buf) {
+            Err(_) => return None,
+            Ok(Decoded::Data(data)) => {
+                assert!(!data.is_empty(), "no empty data frames");
+                body.extend_from_slice(&data);
+            }
+            Ok(Decoded::Trailers(_)) => trailers = true,
+            Ok(Decoded::End) => return Some((body, trailers)),
+            Ok(Decoded::More) if feed.next(buf) => {}
+            Ok(Decoded::More) if close_ends => {
+                decoder.closed().ok()?;
+                return Some((body, trailers));
+            }
+            Ok(Decoded::More) => return None,
+        }
+    }
+}
+
 /// A client's HTTP/1.1 request as foldgate's server reads it off the connection: the
 /// head, then the body as its framing says. Read in the input's chunks, it gives what it
 /// gives read whole: the same request, body bytes, trailers and leftover (a pipelined
@@ -546,22 +605,13 @@ pub fn client_request(data: &[u8]) {
 /// What reading `wire` in chunks of `sizes` gives: method, target, body, trailers seen
 /// and leftover bytes at its end, or `None` for an error.
 fn read_request(wire: &[u8], sizes: &[usize]) -> Option<(String, String, Vec<u8>, bool, usize)> {
-    let mut ends = chunk_ends(sizes, wire.len()).into_iter();
+    let mut feed = Feed::new(wire, sizes);
     let mut buf = bytes::BytesMut::new();
-    let mut fed = 0;
-    let mut feed = |buf: &mut bytes::BytesMut| match ends.next() {
-        Some(end) => {
-            buf.extend_from_slice(&wire[fed..end]);
-            fed = end;
-            true
-        }
-        None => false,
-    };
     let head = loop {
         match parse_request_head(&mut buf) {
             Err(_) => return None,
             Ok(Some(head)) => break head,
-            Ok(None) if !feed(&mut buf) => return None,
+            Ok(None) if !feed.next(&mut buf) => return None,
             Ok(None) => {}
         }
     };
@@ -579,23 +629,9 @@ fn read_request(wire: &[u8], sizes: &[usize]) -> Option<(String, String, Vec<u8>
         !(text.contains("content-length:") && text.contains("transfer-encoding:")),
         "one framing in the answer: {text}"
     );
-    let mut decoder = Decoder::new(head.framing);
-    let (mut body, mut trailers) = (Vec::new(), false);
-    loop {
-        match decoder.decode(&mut buf) {
-            Err(_) => return None,
-            Ok(Decoded::Data(data)) => {
-                assert!(!data.is_empty(), "no empty data frames");
-                body.extend_from_slice(&data);
-            }
-            Ok(Decoded::Trailers(_)) => trailers = true,
-            Ok(Decoded::End) => break,
-            Ok(Decoded::More) if feed(&mut buf) => {}
-            // A request body is never delimited by the close.
-            Ok(Decoded::More) => return None,
-        }
-    }
-    let left = buf.len() + wire.len() - fed;
+    // A request body is never delimited by the close.
+    let (body, trailers) = read_body(Decoder::new(head.framing), &mut buf, &mut feed, false)?;
+    let left = buf.len() + feed.unread();
     let request = &head.request;
     Some((request.method().to_string(), request.uri().to_string(), body, trailers, left))
 }
@@ -607,43 +643,17 @@ fn read_response(
     sizes: &[usize],
     method: &http::Method,
 ) -> Option<(u16, Vec<u8>, bool, usize)> {
-    let mut ends = chunk_ends(sizes, wire.len()).into_iter();
+    let mut feed = Feed::new(wire, sizes);
     let mut buf = bytes::BytesMut::new();
-    let mut fed = 0;
-    let mut feed = |buf: &mut bytes::BytesMut| match ends.next() {
-        Some(end) => {
-            buf.extend_from_slice(&wire[fed..end]);
-            fed = end;
-            true
-        }
-        None => false,
-    };
     let head = loop {
         match parse_head(&mut buf, method) {
             Err(_) => return None,
             Ok(Some(head)) => break head,
-            Ok(None) if !feed(&mut buf) => return None,
+            Ok(None) if !feed.next(&mut buf) => return None,
             Ok(None) => {}
         }
     };
-    let mut decoder = Decoder::new(head.framing);
-    let (mut body, mut trailers) = (Vec::new(), false);
-    loop {
-        match decoder.decode(&mut buf) {
-            Err(_) => return None,
-            Ok(Decoded::Data(data)) => {
-                assert!(!data.is_empty(), "no empty data frames");
-                body.extend_from_slice(&data);
-            }
-            Ok(Decoded::Trailers(_)) => trailers = true,
-            Ok(Decoded::End) => break,
-            Ok(Decoded::More) if feed(&mut buf) => {}
-            Ok(Decoded::More) => match decoder.closed() {
-                Ok(_) => break,
-                Err(_) => return None,
-            },
-        }
-    }
-    let left = buf.len() + wire.len() - fed;
+    let (body, trailers) = read_body(Decoder::new(head.framing), &mut buf, &mut feed, true)?;
+    let left = buf.len() + feed.unread();
     Some((head.response.status().as_u16(), body, trailers, left))
 }

@@ -106,13 +106,21 @@ pub fn encode_head(method: &Method, uri: &Uri, headers: &HeaderMap, out: &mut Ve
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    put_headers(headers.iter(), out);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one `name: value` line per header (names as `http` spells them, lower case).
+pub(super) fn put_headers<'a>(
+    headers: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+    out: &mut Vec<u8>,
+) {
     for (name, value) in headers {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// The line that opens a chunk of `len` bytes.
@@ -123,12 +131,7 @@ pub fn chunk_line(len: usize) -> Vec<u8> {
 /// The last chunk and the trailer section (`trailers` may be empty).
 pub fn last_chunk(trailers: Option<&HeaderMap>) -> Vec<u8> {
     let mut out = b"0\r\n".to_vec();
-    for (name, value) in trailers.into_iter().flatten() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    put_headers(trailers.into_iter().flatten(), &mut out);
     out.extend_from_slice(b"\r\n");
     out
 }

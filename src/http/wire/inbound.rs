@@ -308,12 +308,7 @@ fn encode(
     let reason = reason.unwrap_or_else(|| status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(reason);
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    codec::put_headers(headers.iter(), &mut out);
     if let Some(length) = extra.content_length {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
@@ -363,6 +358,11 @@ mod tests {
 
     fn answering(version: Version, head: bool) -> Answering {
         Answering { version, head, trailers: false, keep_alive: true }
+    }
+
+    /// The head of a `200` of unknown size whose body has not ended.
+    fn ok_head(headers: &mut HeaderMap, answering: Answering) -> ResponseHead {
+        response_head(StatusCode::OK, None, headers, answering, false, None)
     }
 
     fn text(head: &ResponseHead) -> String {
@@ -468,18 +468,11 @@ mod tests {
     #[test]
     fn an_unknown_size_is_chunked_or_until_the_close() {
         let mut headers = HeaderMap::new();
-        let head = response_head(
-            StatusCode::OK,
-            None,
-            &mut headers,
-            answering(Version::HTTP_11, false),
-            false,
-            None,
-        );
+        let head = ok_head(&mut headers, answering(Version::HTTP_11, false));
         assert!(text(&head).contains("transfer-encoding: chunked\r\n"));
         assert_eq!(head.sending, Sending::Chunked { trailers: false });
         let old = answering(Version::HTTP_10, false);
-        let head = response_head(StatusCode::OK, None, &mut headers, old, false, None);
+        let head = ok_head(&mut headers, old);
         assert_eq!((head.sending, head.keep_alive), (Sending::UntilClose, false));
         assert!(text(&head).contains("connection: close\r\n"));
     }
@@ -504,14 +497,7 @@ mod tests {
         assert_eq!(head.sending, Sending::Length(7));
         let mut headers = HeaderMap::new();
         headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("gzip"));
-        let head = response_head(
-            StatusCode::OK,
-            None,
-            &mut headers,
-            answering(Version::HTTP_11, false),
-            false,
-            None,
-        );
+        let head = ok_head(&mut headers, answering(Version::HTTP_11, false));
         assert!(text(&head).contains("transfer-encoding: gzip, chunked\r\n"));
     }
 
@@ -530,14 +516,7 @@ mod tests {
         assert!(!text(&head).contains("content-length"));
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
-        let head = response_head(
-            StatusCode::OK,
-            None,
-            &mut headers,
-            answering(Version::HTTP_11, true),
-            false,
-            None,
-        );
+        let head = ok_head(&mut headers, answering(Version::HTTP_11, true));
         assert_eq!(head.sending, Sending::Length(0));
         assert!(text(&head).contains("content-length: 10\r\n"));
     }

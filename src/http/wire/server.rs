@@ -56,6 +56,32 @@ pub struct Settings {
     pub max_drain: u64,
 }
 
+/// What serves the requests of a connection: the tower stack, answering every request
+/// (errors are answers too).
+pub trait ClientService:
+    Service<
+        Request<ClientBody>,
+        Response = Response<ProxyBody>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> ClientService for S where
+    S: Service<
+            Request<ClientBody>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// A client's socket, shared by its connection's task, the request body being read
 /// and, after an upgrade, the new protocol.
 #[derive(Debug)]
@@ -423,14 +449,12 @@ async fn respond(
 
 /// Hands the connection to hyper's HTTP/2 server (a client that speaks HTTP/2 with
 /// prior knowledge), the preface in front.
-async fn serve_http2<S>(socket: Arc<Socket>, buf: BytesMut, service: S, stop: CancellationToken)
-where
-    S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+async fn serve_http2<S: ClientService>(
+    socket: Arc<Socket>,
+    buf: BytesMut,
+    service: S,
+    stop: CancellationToken,
+) {
     let io = TokioIo::new(ClientIo { prefix: buf.freeze(), socket });
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         service.clone().call(request.map(ClientBody::Hyper))
@@ -731,17 +755,10 @@ mod tests {
     use crate::http::body::full;
 
     /// A server of `service` on a loopback port; its stop token.
-    async fn listen<S>(
-        service: S,
+    async fn listen(
+        service: impl ClientService,
         head_timeout: Duration,
-    ) -> (std::net::SocketAddr, CancellationToken)
-    where
-        S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> (std::net::SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
