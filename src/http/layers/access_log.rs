@@ -2,10 +2,11 @@
 //! path (never the query, which may carry keys), status, duration, request id.
 //! Headers are never logged, so credentials cannot leak here.
 
-use std::task::{Context, Poll};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
-use futures_util::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
 
 use super::request_id::RequestId;
@@ -32,11 +33,10 @@ pub struct AccessLog<S> {
 impl<S, B> tower::Service<Request<B>> for AccessLog<S>
 where
     S: tower::Service<Request<B>, Response = Response<ProxyBody>>,
-    S::Future: Send + 'static,
 {
     type Response = Response<ProxyBody>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<ProxyBody>, S::Error>>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -45,7 +45,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         // At a level that drops access lines, the body is not watched at all.
         if !tracing::enabled!(tracing::Level::INFO) {
-            return Box::pin(self.inner.call(request));
+            return ResponseFuture { inner: self.inner.call(request), record: None };
         }
         let record = Record {
             method: request.method().clone(),
@@ -59,16 +59,42 @@ where
             start: Instant::now(),
             status: StatusCode::OK,
         };
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let response = future.await?;
-            let record = Record { status: response.status(), ..record };
-            Ok(response
-                .map(|body| http_body_util::BodyExt::boxed_unsync(Observed::new(body, record))))
-        })
+        ResponseFuture { inner: self.inner.call(request), record: Some(record) }
     }
 }
 
+pin_project_lite::pin_project! {
+    /// Response future of [`AccessLog`]: the inner service's, its answer's body watched
+    /// for the line (not boxed: the request's whole future would be copied into the box).
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        record: Option<Record>,
+    }
+}
+
+impl<F, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<ProxyBody>, E>>,
+{
+    type Output = Result<Response<ProxyBody>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        Poll::Ready(Ok(match this.record.take() {
+            Some(record) => {
+                let record = Record { status: response.status(), ..record };
+                response
+                    .map(|body| http_body_util::BodyExt::boxed_unsync(Observed::new(body, record)))
+            }
+            None => response,
+        }))
+    }
+}
+
+/// What the access line says of a request, gathered before its answer.
+#[derive(Debug)]
 struct Record {
     method: Method,
     path: String,

@@ -5,10 +5,11 @@
 //! support tickets ask for) when the upstream sent one, else foldgate's id.
 
 use std::cell::Cell;
-use std::task::{Context, Poll};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Request, Response};
 
 /// The request id header: sent upstream with foldgate's id, returned with the upstream's.
@@ -41,11 +42,10 @@ pub struct RequestIdService<S> {
 impl<S, B, R> tower::Service<Request<B>> for RequestIdService<S>
 where
     S: tower::Service<Request<B>, Response = Response<R>>,
-    S::Future: Send + 'static,
 {
     type Response = Response<R>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<R>, S::Error>>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -60,16 +60,37 @@ where
             .unwrap_or_else(generate);
         request.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
         request.extensions_mut().insert(RequestId(id.clone()));
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let mut response = future.await?;
+        ResponseFuture { inner: self.inner.call(request), id: Some(id) }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Response future of [`RequestIdService`]: the inner service's, its answer tagged
+    /// with the id (not boxed: the request's whole future would be copied into the box).
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        id: Option<HeaderValue>,
+    }
+}
+
+impl<F, R, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+{
+    type Output = Result<Response<R>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut response = ready!(this.inner.poll(cx))?;
+        if let Some(id) = this.id.take() {
             let headers = response.headers_mut();
             headers.insert(X_FOLDGATE_REQUEST_ID.clone(), id.clone());
             if !headers.contains_key(&X_REQUEST_ID) {
                 headers.insert(X_REQUEST_ID.clone(), id);
             }
-            Ok(response)
-        })
+        }
+        Poll::Ready(Ok(response))
     }
 }
 
