@@ -48,7 +48,7 @@ pub trait BodyObserver: Send + Unpin + 'static {
     /// A data frame passed.
     fn data(&mut self, _data: &Bytes) {}
     /// The body ended; called exactly once, where the body ends (at its last poll, or
-    /// when hyper drops it), before its last bytes are flushed: it must never wait. A
+    /// when the connection drops it), before its last bytes are flushed: it must never wait. A
     /// task spawned for it instead would cost more CPU than the few microseconds it
     /// takes (reading the usage, the metrics, the access line).
     fn end(&mut self, how: BodyEnd);

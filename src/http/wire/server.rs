@@ -288,21 +288,24 @@ async fn next_head(
     let idle = buf.is_empty();
     let read = async {
         loop {
-            if buf.capacity() - buf.len() < read_size {
+            // Room for the whole next request when starting one; a head begun only
+            // needs room to go on.
+            let spare = buf.capacity() - buf.len();
+            if (buf.is_empty() && spare < read_size) || spare < 1024 {
                 room(buf, read_size);
             }
             match poll_fn(|cx| socket.poll_read(cx, buf)).await {
                 Ok(0) | Err(_) => return Next::Closed,
                 Ok(_) => {}
             }
-            if first && buf.len() <= PREFACE.len() && PREFACE.starts_with(buf) {
-                if buf.len() == PREFACE.len() {
-                    return Next::Http2;
+            if first {
+                let seen = buf.len().min(PREFACE.len());
+                if buf[..seen] == PREFACE[..seen] {
+                    if seen == PREFACE.len() {
+                        return Next::Http2;
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if first && buf.starts_with(PREFACE) {
-                return Next::Http2;
             }
             match inbound::parse_request_head(buf) {
                 Ok(Some(head)) => return Next::Head(head),
