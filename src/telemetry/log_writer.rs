@@ -3,21 +3,24 @@
 //!
 //! Appending is no system call and no wake-up of another thread per line (on a busy
 //! two-core machine a wake-up per access-log line cost more than the rest of a small
-//! request's handling). The writer thread wakes every [`FLUSH_EVERY`], or as soon as
-//! [`WAKE_AT`] bytes are waiting, and writes everything in one go. Logging never blocks a
-//! request: past [`MAX_BACKLOG`] bytes waiting (a log consumer that stopped reading), lines
-//! are dropped and counted, and the count is written once the consumer reads again.
+//! request's handling). The first line into an empty queue wakes the writer thread; it
+//! lets the batch gather for [`FLUSH_EVERY`] (or until [`WAKE_AT`] bytes wait) and writes
+//! everything in one go. With nothing queued it sleeps without a timeout: an idle proxy
+//! spends no CPU on its log. Logging never blocks a request: past [`MAX_BACKLOG`] bytes
+//! waiting (a log consumer that stopped reading), lines are dropped and counted, and the
+//! count is written once the consumer reads again.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing_subscriber::fmt::MakeWriter;
 
-/// The writer thread writes at least this often while lines are waiting.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
+/// A line waits at most about this long before the writer thread writes it (the batch
+/// gathers meanwhile: under load, one wake-up and one `write` per this interval).
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// This many waiting bytes wake the writer thread at once.
 pub const WAKE_AT: usize = 256 * 1024;
 /// Past this many waiting bytes, lines are dropped (and counted).
@@ -45,9 +48,12 @@ impl QueueWriter {
             self.0.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        let was_empty = buf.is_empty();
         let was_below = buf.len() < WAKE_AT;
         buf.extend_from_slice(data);
-        if was_below && buf.len() >= WAKE_AT {
+        // The writer sleeps untimed while the queue is empty, and waits out the batch
+        // (or this many bytes) once it is not.
+        if was_empty || (was_below && buf.len() >= WAKE_AT) {
             self.0.wake.notify_one();
         }
     }
@@ -105,8 +111,21 @@ fn drain_into<W: Write>(queue: &Queue, mut out: W) {
         let closed = queue.closed.load(Ordering::Acquire);
         {
             let Ok(mut buf) = queue.buf.lock() else { return };
-            if buf.is_empty() && !closed {
-                buf = match queue.wake.wait_timeout(buf, FLUSH_EVERY) {
+            // Nothing queued: sleep until the first line (or the guard's drop) wakes us.
+            while buf.is_empty() && !queue.closed.load(Ordering::Acquire) {
+                buf = match queue.wake.wait(buf) {
+                    Ok(buf) => buf,
+                    Err(_) => return,
+                };
+            }
+            // Then let the batch gather, unless it is already large or the log closes.
+            let gather_until = Instant::now() + FLUSH_EVERY;
+            while buf.len() < WAKE_AT && !queue.closed.load(Ordering::Acquire) {
+                let left = gather_until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                buf = match queue.wake.wait_timeout(buf, left) {
                     Ok((buf, _)) => buf,
                     Err(_) => return,
                 };
