@@ -34,7 +34,7 @@ fn the_outline_of_every_recorded_conversation_is_what_the_parser_reads() {
         for body in &bodies {
             let outline = Outline::scan(body).expect("a chat body has an outline");
             let parsed = ChatRequest::parse(body).unwrap();
-            assert_eq!(outline.model(), parsed.model());
+            assert_eq!(outline.model().as_deref(), parsed.model().as_deref());
             assert_eq!(outline.messages().len(), parsed.messages().len());
             for (o, m) in outline.messages().iter().zip(parsed.messages()) {
                 let raw = outline.raw(o);

@@ -108,7 +108,7 @@ pub fn outline(data: &[u8]) {
     }
     if let Ok(request) = ChatRequest::parse(data) {
         assert_eq!(outline.messages().len(), request.messages().len(), "messages");
-        assert_eq!(outline.model(), request.model(), "model");
+        assert_eq!(outline.model().as_deref(), request.model().as_deref(), "model");
     }
 }
 

@@ -95,7 +95,12 @@ impl Engine {
         }
         let tools = outline.tools_raw().map_or(0, <[u8]>::len);
         let bound = Bound { upper: upper + tools, estimate: estimate + tools / 4, messages: count };
-        self.below_bound(outline.model(), outline.max_reply_tokens(), bound, opts)
+        self.below_bound(
+            outline.model().map(std::borrow::Cow::into_owned),
+            outline.max_reply_tokens(),
+            bound,
+            opts,
+        )
     }
 
     /// [`Engine::clearly_below`] for a request of another API shape, known by a bound

@@ -159,7 +159,6 @@ impl Record {
     pub fn tag(&self, headers: &mut HeaderMap) {
         let Some(decided) = &self.decided else { return };
         let decision = &decided.decision;
-        headers.reserve(8);
         headers.insert(OUTCOME, HeaderValue::from_static(decision.outcome.as_str()));
         if let Ok(value) = HeaderValue::from_str(decided.key.as_str()) {
             headers.insert(SESSION, value);

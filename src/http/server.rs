@@ -211,7 +211,7 @@ impl Server {
         // 0. The HTTP/1.1 connection (`wire::server`): on a response marked `UnreadBody`
         //    by the router (answered before the request body's end) it says
         //    `connection: close` and closes lingering (see `linger`).
-        // 1. RequestIdLayer: takes or makes `x-request-id`, puts it in extensions, sends
+        // 1. RequestIdLayer: takes or makes `x-request-id`, sets it on the request, sends
         //    it upstream (as a request header) and back (as a response header).
         // 2. AccessLogLayer: one line per request when the response body ends.
         // 3. Router: local endpoints, or the OpenAI API under /v1/.

@@ -199,16 +199,30 @@ pub fn session_key_of_outline(
     session_header: &SessionHeaders,
     outline: &Outline<'_>,
 ) -> SessionKey {
-    key(headers, session_header.id(headers), || {
+    key_of_digest(headers, session_header.id(headers), || {
         let system = outline.first_message_with_role(Role::System);
         let user = outline.first_message_with_role(Role::User);
-        Fingerprint {
-            model: outline.model().unwrap_or_default(),
-            system: system.map(|m| outline.raw(m)),
-            user: user.map(|m| outline.raw(m)),
-            scope: scope_of(|k| outline.field(k)),
-            marked: [system, user].into_iter().flatten().any(|m| m.breakpoint_mentions > 0),
-        }
+        let model = outline.model().unwrap_or_default();
+        let scope = scope_of(|k| outline.field(k));
+        let marked = [system, user].into_iter().flatten().any(|m| m.breakpoint_mentions > 0);
+        // The first messages are most of what is hashed, and lie in the body's first
+        // bytes: a body continuing one whose digest this thread made takes that digest
+        // (see `Outline::memoized`) when the rest is the same.
+        let upto = [system, user].into_iter().flatten().map(|m| m.range.end).max().unwrap_or(0);
+        let mut inputs = Xxh3::new();
+        inputs.update(&(model.len() as u64).to_le_bytes());
+        inputs.update(model.as_bytes());
+        inputs.update(&[u8::from(marked), u8::from(scope.is_some())]);
+        inputs.update(scope.as_deref().unwrap_or_default().as_bytes());
+        outline.memoized(upto, inputs.digest128(), || {
+            fingerprint_digest(Fingerprint {
+                model: model.into_owned(),
+                system: system.map(|m| outline.raw(m)),
+                user: user.map(|m| outline.raw(m)),
+                scope,
+                marked,
+            })
+        })
     })
 }
 
@@ -276,10 +290,19 @@ fn key<'a>(
     id: Option<&HeaderValue>,
     fingerprint: impl FnOnce() -> Fingerprint<'a>,
 ) -> SessionKey {
+    key_of_digest(headers, id, || fingerprint_digest(fingerprint()))
+}
+
+/// [`key`] with the fingerprint's digest made by `digest`.
+fn key_of_digest(
+    headers: &HeaderMap,
+    id: Option<&HeaderValue>,
+    digest: impl FnOnce() -> u128,
+) -> SessionKey {
     let credential = credential(headers);
     let named = match id {
         Some(id) => Named::Header(id.as_bytes()),
-        None => Named::Fingerprint(fingerprint_digest(fingerprint())),
+        None => Named::Fingerprint(digest()),
     };
     let tag = Recent::tag(credential, &named);
     if let Some(key) = Recent::get(tag) {
@@ -585,6 +608,49 @@ mod tests {
                     session_key_of_outline(&h, &x_session_id(), &outline),
                     "{body}"
                 );
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Bodies that continue the ones before (kept outlines, their digests taken
+        /// over), with the model, the scope, the first messages or nothing changed
+        /// between them: each gets the key its parsed request gets.
+        #[test]
+        fn continued_bodies_get_the_parsed_requests_key(
+            steps in proptest::collection::vec((0usize..5, "[a-z \\\"é]{0,40}"), 1..16),
+        ) {
+            let h = headers(&[("authorization", "Bearer sk-a")]);
+            let (mut model, mut scope, mut system) = ("m".to_owned(), None::<String>, "x".repeat(600));
+            let mut messages: Vec<serde_json::Value> = Vec::new();
+            for (change, text) in steps {
+                match change {
+                    0 => model = format!("m-{text}"),
+                    1 => scope = Some(text.clone()),
+                    2 => system = format!("{system}{text}"),
+                    3 => messages.clear(),
+                    _ => {}
+                }
+                let role = if messages.len() % 2 == 0 { "user" } else { "assistant" };
+                messages.push(serde_json::json!({"role": role, "content": text}));
+                let mut all = vec![serde_json::json!({"role": "system", "content": system})];
+                all.extend(messages.iter().cloned());
+                let mut body = serde_json::json!({"model": model, "messages": all});
+                if let Some(scope) = &scope {
+                    body["prompt_cache_key"] = serde_json::json!(scope);
+                }
+                let body = bytes::Bytes::from(body.to_string());
+                let parsed = ChatRequest::parse(&body).unwrap();
+                let expected = session_key(&h, &x_session_id(), &parsed);
+                // Twice: the second continues the first's kept outline exactly.
+                for _ in 0..2 {
+                    let outline = Outline::scan_kept(&body).unwrap();
+                    proptest::prop_assert_eq!(
+                        &session_key_of_outline(&h, &x_session_id(), &outline),
+                        &expected
+                    );
+                }
             }
         }
     }

@@ -7,7 +7,6 @@ use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
-use serde::Deserialize;
 
 use crate::metrics::PromptSplit;
 use crate::session::record::UsageEntry;
@@ -33,24 +32,96 @@ pub struct Usage {
     pub cache_write: u64,
 }
 
-/// A `usage` object: chat completions name the counts prompt/completion, the Responses
-/// API and Anthropic's Messages input/output; Anthropic counts cached prompt tokens
-/// apart from `input_tokens`.
-#[derive(Deserialize)]
-struct UsageFields {
-    prompt_tokens: Option<u64>,
-    input_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    prompt_tokens_details: Option<Details>,
-    input_tokens_details: Option<Details>,
-    cache_read_input_tokens: Option<u64>,
-    cache_creation_input_tokens: Option<u64>,
+/// Reads a `usage` object: chat completions name the counts prompt/completion, the
+/// Responses API and Anthropic's Messages input/output; Anthropic counts cached prompt
+/// tokens apart from `input_tokens`. Read as a derived `serde` struct of optional `u64`
+/// members would read it (the tests check it against one), without its visitor per
+/// member: `None` for a member that is not a whole number nor `null`, or twice there.
+fn usage_fields(raw: &[u8]) -> Option<Usage> {
+    // prompt_tokens, input_tokens, completion_tokens, output_tokens,
+    // cache_read_input_tokens, cache_creation_input_tokens.
+    let mut counts = [None::<u64>; 6];
+    // prompt_tokens_details, input_tokens_details: each when present (not null), with
+    // its `cached_tokens`.
+    let mut details = [None::<Option<u64>>; 2];
+    let mut seen = 0u8;
+    each_member(raw, |key, value| {
+        let slot = match key {
+            b"prompt_tokens" => 0,
+            b"input_tokens" => 1,
+            b"completion_tokens" => 2,
+            b"output_tokens" => 3,
+            b"cache_read_input_tokens" => 4,
+            b"cache_creation_input_tokens" => 5,
+            b"prompt_tokens_details" => 6,
+            b"input_tokens_details" => 7,
+            _ => return true,
+        };
+        if seen & (1 << slot) != 0 {
+            return false;
+        }
+        seen |= 1 << slot;
+        if value == b"null" {
+            return true;
+        }
+        match slot {
+            6 | 7 => cached_tokens(value).map(|cached| details[slot - 6] = Some(cached)),
+            _ => whole_number(value).map(|count| counts[slot] = Some(count)),
+        }
+        .is_some()
+    })?;
+    let [prompt, input, completion, output, read, created] = counts;
+    let cached = details[0].or(details[1]).flatten();
+    let (read, created) = (read.unwrap_or(0), created.unwrap_or(0));
+    Some(Usage {
+        // Saturating: the counts are the upstream's, any size.
+        prompt: prompt.or(input).unwrap_or(0).saturating_add(read).saturating_add(created),
+        completion: completion.or(output).unwrap_or(0),
+        cached: cached.unwrap_or(0).saturating_add(read),
+        cache_write: created,
+    })
 }
 
-#[derive(Deserialize)]
-struct Details {
-    cached_tokens: Option<u64>,
+/// The `cached_tokens` of a `*_tokens_details` object (`Some(None)`: it has none);
+/// `None` when it is not an object or the count is not a whole number.
+fn cached_tokens(raw: &[u8]) -> Option<Option<u64>> {
+    let (mut cached, mut seen) = (None, false);
+    each_member(raw, |key, value| {
+        if key != b"cached_tokens" {
+            return true;
+        }
+        if std::mem::replace(&mut seen, true) {
+            return false;
+        }
+        if value == b"null" {
+            return true;
+        }
+        cached = whole_number(value);
+        cached.is_some()
+    })?;
+    Some(cached)
+}
+
+/// A JSON number that a `u64` deserializes from: digits without a sign, a leading zero,
+/// a fraction or an exponent, within range.
+fn whole_number(raw: &[u8]) -> Option<u64> {
+    match raw {
+        b"0" => Some(0),
+        [b'1'..=b'9', ..] => raw.iter().try_fold(0u64, |n, &b| {
+            let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'))?;
+            n.checked_mul(10)?.checked_add(digit)
+        }),
+        _ => None,
+    }
+}
+
+/// A JSON string's text when it needs no unescaping (else parsed).
+fn string_value(raw: &[u8]) -> Option<Cow<'_, str>> {
+    let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    if inner.iter().all(|&b| b >= 0x20 && b != b'\\' && b != b'"') {
+        return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
+    }
+    serde_json::from_slice(raw).ok()
 }
 
 impl Usage {
@@ -66,20 +137,6 @@ impl Usage {
             cache_read: self.cached,
             cache_write: self.cache_write,
             completion: self.completion,
-        }
-    }
-}
-
-impl From<UsageFields> for Usage {
-    fn from(u: UsageFields) -> Self {
-        let details = u.prompt_tokens_details.or(u.input_tokens_details);
-        let read = u.cache_read_input_tokens.unwrap_or(0);
-        let created = u.cache_creation_input_tokens.unwrap_or(0);
-        Self {
-            prompt: u.prompt_tokens.or(u.input_tokens).unwrap_or(0) + read + created,
-            completion: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
-            cached: details.and_then(|d| d.cached_tokens).unwrap_or(0) + read,
-            cache_write: created,
         }
     }
 }
@@ -240,9 +297,9 @@ fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
         (None, Some(response), _) => Members::of(response)?,
         (None, None, message) => Members::of(message?)?,
     };
-    let usage: UsageFields = serde_json::from_slice(holder.usage?).ok()?;
-    let model = holder.model.and_then(|raw| serde_json::from_slice::<Cow<'_, str>>(raw).ok());
-    Some((usage.into(), model))
+    let usage = usage_fields(holder.usage?)?;
+    let model = holder.model.and_then(string_value);
+    Some((usage, model))
 }
 
 /// The raw values of a JSON object's `usage`, `model` and `response` members, found
@@ -263,27 +320,8 @@ impl<'a> Members<'a> {
     /// `None` when `json` is not an object (or is malformed before its end).
     fn of(json: &'a [u8]) -> Option<Self> {
         let mut members = Self::default();
-        let mut i = skip_space(json, 0);
-        if json.get(i) != Some(&b'{') {
-            return None;
-        }
-        i = skip_space(json, i + 1);
-        if json.get(i) == Some(&b'}') {
-            return Some(members);
-        }
-        loop {
-            if json.get(i) != Some(&b'"') {
-                return None;
-            }
-            let key_end = string_end(json, i)?;
-            let key = &json[i + 1..key_end - 1];
-            i = skip_space(json, key_end);
-            if json.get(i) != Some(&b':') {
-                return None;
-            }
-            i = skip_space(json, i + 1);
-            let value_end = value_end(json, i)?;
-            let value = Some(&json[i..value_end]).filter(|v| *v != b"null");
+        each_member(json, |key, value| {
+            let value = Some(value).filter(|v| *v != b"null");
             match key {
                 b"usage" => members.usage = value,
                 b"model" => members.model = value,
@@ -293,12 +331,47 @@ impl<'a> Members<'a> {
                 b"output" => members.output = value,
                 _ => {}
             }
-            i = skip_space(json, value_end);
-            match json.get(i)? {
-                b',' => i = skip_space(json, i + 1),
-                b'}' => return Some(members),
-                _ => return None,
-            }
+            true
+        })?;
+        Some(members)
+    }
+}
+
+/// Calls `visit` with each member of the JSON object `json`: its key as written
+/// (between the quotes, escapes left as they are) and its raw value. `None` when `json`
+/// is not an object, is malformed before its end, or `visit` says stop (false).
+fn each_member<'a>(
+    json: &'a [u8],
+    mut visit: impl FnMut(&'a [u8], &'a [u8]) -> bool,
+) -> Option<()> {
+    let mut i = skip_space(json, 0);
+    if json.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_space(json, i + 1);
+    if json.get(i) == Some(&b'}') {
+        return Some(());
+    }
+    loop {
+        if json.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(json, i)?;
+        let key = &json[i + 1..key_end - 1];
+        i = skip_space(json, key_end);
+        if json.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_space(json, i + 1);
+        let value_end = value_end(json, i)?;
+        if !visit(key, &json[i..value_end]) {
+            return None;
+        }
+        i = skip_space(json, value_end);
+        match json.get(i)? {
+            b',' => i = skip_space(json, i + 1),
+            b'}' => return Some(()),
+            _ => return None,
         }
     }
 }
@@ -469,6 +542,95 @@ mod tests {
         ] {
             assert!(usage_in(no_usage.as_bytes()).is_none(), "{no_usage}");
         }
+    }
+
+    /// The `usage` object as `serde` reads it: the reference `usage_fields` must match.
+    #[derive(serde::Deserialize)]
+    struct UsageFields {
+        prompt_tokens: Option<u64>,
+        input_tokens: Option<u64>,
+        completion_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+        prompt_tokens_details: Option<Details>,
+        input_tokens_details: Option<Details>,
+        cache_read_input_tokens: Option<u64>,
+        cache_creation_input_tokens: Option<u64>,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Details {
+        cached_tokens: Option<u64>,
+    }
+
+    fn by_serde(raw: &[u8]) -> Option<Usage> {
+        let u: UsageFields = serde_json::from_slice(raw).ok()?;
+        let details = u.prompt_tokens_details.or(u.input_tokens_details);
+        let read = u.cache_read_input_tokens.unwrap_or(0);
+        let created = u.cache_creation_input_tokens.unwrap_or(0);
+        let prompt = u.prompt_tokens.or(u.input_tokens).unwrap_or(0);
+        Some(Usage {
+            prompt: prompt.saturating_add(read).saturating_add(created),
+            completion: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
+            cached: details.and_then(|d| d.cached_tokens).unwrap_or(0).saturating_add(read),
+            cache_write: created,
+        })
+    }
+
+    /// A JSON value a usage member may hold, counts and what is not one (valid JSON:
+    /// the reader does not validate members it skips, `serde` does).
+    fn member_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u64..1_000_000).prop_map(|n| n.to_string()),
+            1 => Just(u64::MAX.to_string()),
+            1 => prop_oneof![
+                Just("null"), Just("-0"), Just("-3"), Just("1.0"), Just("2e3"),
+                Just("18446744073709551616"), Just("\"7\""), Just("true"), Just("[]"),
+            ]
+            .prop_map(str::to_owned),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn usage_is_read_as_serde_reads_it(
+            members in proptest::collection::vec(
+                (0usize..11, member_value(), proptest::option::of(member_value()), 0usize..3),
+                0..9,
+            ),
+        ) {
+            const KEYS: [&str; 11] = [
+                "prompt_tokens", "input_tokens", "completion_tokens", "output_tokens",
+                "cache_read_input_tokens", "cache_creation_input_tokens",
+                "prompt_tokens_details", "input_tokens_details", "total_tokens",
+                "cached_tokens", "reasoning",
+            ];
+            let spaces = ["", " ", "\n  "];
+            let fields: Vec<String> = members
+                .iter()
+                .map(|(key, value, cached, space)| {
+                    let pad = spaces[*space];
+                    let value = match (*key, cached) {
+                        // Details objects: with a count, or empty, or not an object.
+                        (6 | 7, Some(cached)) => format!("{{{pad}\"cached_tokens\"{pad}:{cached}}}"),
+                        (6 | 7, None) if value.len() % 2 == 0 => "{}".to_owned(),
+                        _ => value.clone(),
+                    };
+                    format!("{pad}\"{}\"{pad}:{pad}{value}{pad}", KEYS[*key])
+                })
+                .collect();
+            let raw = format!("{{{}}}", fields.join(","));
+            proptest::prop_assert_eq!(usage_fields(raw.as_bytes()), by_serde(raw.as_bytes()), "{}", raw);
+        }
+    }
+
+    #[test]
+    fn model_names_read_as_json_strings() {
+        assert_eq!(string_value(br#""gpt-4o""#).as_deref(), Some("gpt-4o"));
+        assert_eq!(string_value(br#""a\u00e9b""#).as_deref(), Some("a\u{e9}b"));
+        assert_eq!(string_value(b"7"), None);
+        assert_eq!(usage_fields(br#"{"prompt_tokens":01}"#), None);
+        assert_eq!(string_value(b"\"x"), None);
     }
 
     #[test]

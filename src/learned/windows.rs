@@ -83,13 +83,26 @@ impl LearnedWindows {
 /// The key of `model` as served by `upstream`: the same name may be another model (and
 /// window) at another provider.
 pub fn model_key(upstream: &str, model: &str) -> String {
-    let model: String = model.chars().take(200).collect();
-    format!("{upstream}|{model}")
+    let model = model.char_indices().nth(200).map_or(model, |(end, _)| &model[..end]);
+    let mut key = String::with_capacity(upstream.len() + 1 + model.len());
+    key.push_str(upstream);
+    key.push('|');
+    key.push_str(model);
+    key
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_keys_name_the_upstream_and_at_most_200_characters_of_the_model() {
+        assert_eq!(model_key("openai", "gpt-4o"), "openai|gpt-4o");
+        assert_eq!(model_key("a", ""), "a|");
+        let long = "é".repeat(250);
+        assert_eq!(model_key("up", &long), format!("up|{}", "é".repeat(200)));
+        assert_eq!(model_key("up", &long[..400]), format!("up|{}", "é".repeat(200)));
+    }
 
     #[test]
     fn windows_are_learned_per_model_and_only_shrink() {

@@ -10,6 +10,10 @@
 //! anywhere before that point (an edited message, another conversation) is scanned
 //! whole. The kept bodies are the requests' own buffers (shared, not copied), held
 //! only in memory, until a later body takes their place.
+//!
+//! A kept outline also holds one [`Memo`]: a value its caller derived from the body's
+//! first bytes (the session key's fingerprint of the first messages), which holds for
+//! every body that continues it.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -29,6 +33,26 @@ pub const MAX_KEPT_MESSAGES: usize = 8192;
 /// Bodies shorter than this are scanned whole: the scan costs about what keeping does.
 const MIN_KEPT_BYTES: usize = 512;
 
+/// A value derived from a body's first `upto` bytes and from `inputs` (a digest of
+/// whatever else it depends on), kept with the body's outline (see
+/// [`Outline::memoized`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memo {
+    /// The bytes of the body it depends on: `body[..upto]`.
+    pub upto: usize,
+    /// A digest of its other inputs.
+    pub inputs: u128,
+    /// The value.
+    pub value: u128,
+}
+
+/// Where an outline was kept: its slot, while no other body took it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeptAt {
+    slot: usize,
+    generation: u64,
+}
+
 /// A body and its outline, kept.
 struct Kept {
     /// The body.
@@ -41,6 +65,10 @@ struct Kept {
     fields: Vec<(Range<usize>, Range<usize>)>,
     /// Its messages.
     messages: Vec<MessageOutline>,
+    /// A value derived from its first bytes, if one was.
+    memo: Option<Memo>,
+    /// Which body this is on its thread (see [`KeptAt`]).
+    generation: u64,
 }
 
 /// What a body takes from a kept outline (see [`resume`]).
@@ -53,6 +81,8 @@ pub(super) struct Resumed {
     pub end: usize,
     /// The messages taken.
     pub messages: Vec<MessageOutline>,
+    /// The kept outline's memo: it holds for this body's first `end` bytes too.
+    pub memo: Option<Memo>,
 }
 
 #[derive(Default)]
@@ -64,6 +94,8 @@ struct Thread {
     resumed_from: Option<usize>,
     /// Scans resumed on this thread.
     resumes: u64,
+    /// Bodies kept on this thread.
+    generations: u64,
 }
 
 impl Thread {
@@ -106,15 +138,22 @@ pub(super) fn resume(body: &[u8]) -> Option<Resumed> {
             opened: k.opened,
             end: k.end,
             messages: k.messages.clone(),
+            memo: k.memo,
         })
     })
 }
 
 /// Keeps `outline` of `shared` (the same bytes), whose `messages` array opened at
-/// `opened` after its first `before` fields, for the bodies that continue it.
-pub(super) fn keep(outline: &Outline<'_>, shared: &Bytes, opened: usize, before: usize) {
+/// `opened` after its first `before` fields, for the bodies that continue it, with the
+/// memo of the outline it continues (if any); where it was kept.
+pub(super) fn keep(
+    outline: &Outline<'_>,
+    shared: &Bytes,
+    opened: usize,
+    before: usize,
+) -> Option<KeptAt> {
     let body = outline.body;
-    let Some(last) = outline.messages.last() else { return };
+    let last = outline.messages.last()?;
     let end = last.range.end;
     let kept = MIN_KEPT_BYTES..=MAX_KEPT_BODY;
     if !kept.contains(&body.len())
@@ -122,7 +161,7 @@ pub(super) fn keep(outline: &Outline<'_>, shared: &Bytes, opened: usize, before:
         || body.as_ptr() != shared.as_ptr()
         || body.len() != shared.len()
     {
-        return;
+        return None;
     }
     // The fields before `messages` are the first ones, and `messages` comes next (not so
     // when a later duplicate key replaced one of them: such a body is not kept).
@@ -130,7 +169,7 @@ pub(super) fn keep(outline: &Outline<'_>, shared: &Bytes, opened: usize, before:
     let in_order = fields.get(before).is_some_and(|(k, v)| *k == "messages" && v.start == opened)
         && fields[..before].iter().all(|(_, v)| v.end <= opened);
     if !in_order {
-        return;
+        return None;
     }
     let base = body.as_ptr() as usize;
     let fields: Option<Vec<_>> = fields[..before]
@@ -140,11 +179,15 @@ pub(super) fn keep(outline: &Outline<'_>, shared: &Bytes, opened: usize, before:
             (at + key.len() <= value.start).then(|| (at..at + key.len(), value.clone()))
         })
         .collect();
-    let Some(fields) = fields else { return };
-    let kept =
-        Kept { body: shared.clone(), end, opened, fields, messages: outline.messages.clone() };
+    let fields = fields?;
+    let messages = outline.messages.clone();
+    let memo = outline.resumed.and_then(|resumed| resumed.memo);
+    let kept = Kept { body: shared.clone(), end, opened, fields, messages, memo, generation: 0 };
     THREAD.with(|thread| {
         let mut thread = thread.borrow_mut();
+        thread.generations += 1;
+        let generation = thread.generations;
+        let kept = Kept { generation, ..kept };
         let slot = match thread.resumed_from.take() {
             Some(slot) => slot,
             None => {
@@ -169,12 +212,28 @@ pub(super) fn keep(outline: &Outline<'_>, shared: &Bytes, opened: usize, before:
                     opened: 0,
                     fields: Vec::new(),
                     messages: Vec::new(),
+                    memo: None,
+                    generation: 0,
                 };
                 thread.kept[drop_at] = emptied;
             }
             drop_at = (drop_at + 1) % KEPT;
             if drop_at == slot {
                 break;
+            }
+        }
+        Some(KeptAt { slot, generation })
+    })
+}
+
+/// Keeps `memo` with the outline kept `at`, if no other body took its slot since and
+/// the memo depends only on bytes its continuations share.
+pub(super) fn remember(at: KeptAt, memo: Memo) {
+    THREAD.with(|thread| {
+        let mut thread = thread.borrow_mut();
+        if let Some(kept) = thread.kept.get_mut(at.slot) {
+            if kept.generation == at.generation && memo.upto <= kept.end {
+                kept.memo = Some(memo);
             }
         }
     });

@@ -10,6 +10,9 @@
 
 mod kept;
 
+pub use kept::Memo;
+
+use std::borrow::Cow;
 use std::ops::Range;
 
 use bytes::Bytes;
@@ -22,6 +25,20 @@ pub struct Outline<'a> {
     body: &'a [u8],
     fields: Vec<(&'a str, Range<usize>)>,
     messages: Vec<MessageOutline>,
+    /// The kept outline the scan resumed from (see `kept`): how far the bodies agree,
+    /// and its memo.
+    resumed: Option<Resumed>,
+    /// Where this outline was kept for the bodies that continue it.
+    kept_at: Option<kept::KeptAt>,
+}
+
+/// What a resumed scan knows of the kept outline it resumed from.
+#[derive(Debug, Clone, Copy)]
+struct Resumed {
+    /// The bodies' first `end` bytes are the same.
+    end: usize,
+    /// The kept outline's memo.
+    memo: Option<Memo>,
 }
 
 /// Where one message lies, and what the scan saw of it.
@@ -75,6 +92,7 @@ impl<'a> Outline<'a> {
         // one's last message: its scan goes on from there.
         let resumed = if read_messages && shared.is_some() { kept::resume(body) } else { None };
         let mut resuming = resumed.is_some();
+        let agreed = resumed.as_ref().map(|r| Resumed { end: r.end, memo: r.memo });
         if let Some(resumed) = resumed {
             for (key, value) in resumed.fields {
                 fields.push((std::str::from_utf8(&body[key]).ok()?, value));
@@ -119,11 +137,29 @@ impl<'a> Outline<'a> {
         if read_messages && messages.is_none() {
             return None;
         }
-        let outline = Self { body, fields, messages: messages.unwrap_or_default() };
+        let messages = messages.unwrap_or_default();
+        let mut outline = Self { body, fields, messages, resumed: agreed, kept_at: None };
         if let (Some((opened, before)), Some(shared)) = (opened, shared) {
-            kept::keep(&outline, shared, opened, before);
+            outline.kept_at = kept::keep(&outline, shared, opened, before);
         }
         Some(outline)
+    }
+
+    /// `derive()`, a value that depends only on the body's first `upto` bytes and on
+    /// `inputs` (a digest of its other inputs): taken from the kept outline this body
+    /// continues when that one's was derived from the same, else derived and kept with
+    /// this body's outline for the bodies that continue it.
+    pub fn memoized(&self, upto: usize, inputs: u128, derive: impl FnOnce() -> u128) -> u128 {
+        if let Some(Resumed { end, memo: Some(memo) }) = self.resumed {
+            if memo.upto == upto && memo.inputs == inputs && upto <= end {
+                return memo.value;
+            }
+        }
+        let value = derive();
+        if let Some(at) = self.kept_at {
+            kept::remember(at, Memo { upto, inputs, value });
+        }
+        value
     }
 
     /// The raw text of a top-level field.
@@ -131,14 +167,14 @@ impl<'a> Outline<'a> {
         self.fields.iter().rev().find(|(k, _)| *k == key).map(|(_, r)| &self.body[r.clone()])
     }
 
-    /// The `model` field.
-    pub fn model(&self) -> Option<String> {
+    /// The `model` field: borrowed from the body unless it has escapes.
+    pub fn model(&self) -> Option<Cow<'a, str>> {
         let raw = self.field("model")?;
         // A name without escapes is its bytes between the quotes.
         let plain = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\""));
         match plain.filter(|inner| !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20)) {
-            Some(inner) => std::str::from_utf8(inner).ok().map(str::to_owned),
-            None => serde_json::from_slice(raw).ok(),
+            Some(inner) => std::str::from_utf8(inner).ok().map(Cow::Borrowed),
+            None => serde_json::from_slice::<String>(raw).ok().map(Cow::Owned),
         }
     }
 
@@ -475,7 +511,7 @@ mod tests {
             "max_tokens": 50, "tools": null, "stream": true } "#;
         let outline = Outline::scan(body).unwrap();
         let parsed = ChatRequest::parse(body).unwrap();
-        assert_eq!(outline.model(), parsed.model());
+        assert_eq!(outline.model().as_deref(), parsed.model().as_deref());
         assert_eq!(outline.max_reply_tokens(), Some(50));
         assert_eq!(outline.tools_raw(), None);
         let raws: Vec<&[u8]> = outline.messages().iter().map(|m| outline.raw(m)).collect();

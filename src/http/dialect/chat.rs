@@ -44,7 +44,7 @@ impl Dialect for ChatCompletions {
     }
 
     fn outline_model(&self, outline: &Outline<'_>) -> Option<String> {
-        outline.model()
+        outline.model().map(std::borrow::Cow::into_owned)
     }
 
     fn measure<'o>(&self, outline: &'o Outline<'_>) -> Option<Measure<'o>> {

@@ -68,7 +68,7 @@ impl Dialect for Messages {
     }
 
     fn outline_model(&self, outline: &MessagesOutline<'_>) -> Option<String> {
-        outline.outline.model()
+        outline.outline.model().map(std::borrow::Cow::into_owned)
     }
 
     /// The whole body's bytes (see [`Measure::Bytes`]); a document block is charged
@@ -81,7 +81,7 @@ impl Dialect for Messages {
             unbounded: Some(b"\"document\""),
             tools: scan.tools_raw(),
             messages: scan.messages().len(),
-            model: scan.model(),
+            model: scan.model().map(std::borrow::Cow::into_owned),
             max_reply: scan.max_reply_tokens(),
         })
     }
@@ -112,7 +112,7 @@ impl Dialect for Messages {
                 .find_map(|m| api::messages::neutral_first_user(&text(scan.raw(m))?));
             let model = scan.model().unwrap_or_default();
             let scope = scope_of(|k| scan.field(k));
-            Some(FingerprintParts { model, system, user, scope })
+            Some(FingerprintParts { model: model.into_owned(), system, user, scope })
         })
     }
 

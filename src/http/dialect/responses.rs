@@ -83,7 +83,7 @@ impl Dialect for Responses {
     }
 
     fn outline_model(&self, outline: &ResponsesOutline<'_>) -> Option<String> {
-        outline.fields.model()
+        outline.fields.model().map(std::borrow::Cow::into_owned)
     }
 
     /// The whole body's bytes (see [`Measure::Bytes`]).
@@ -99,7 +99,7 @@ impl Dialect for Responses {
             unbounded: None,
             tools: fields.tools_raw(),
             messages: 0,
-            model: fields.model(),
+            model: fields.model().map(std::borrow::Cow::into_owned),
             max_reply,
         })
     }
@@ -120,7 +120,7 @@ impl Dialect for Responses {
             let (system, user) = api::responses::fingerprint_messages(instructions, input)?;
             let model = fields.model().unwrap_or_default();
             let scope = scope_of(|k| fields.field(k));
-            Some(FingerprintParts { model, system, user, scope })
+            Some(FingerprintParts { model: model.into_owned(), system, user, scope })
         })
     }
 

@@ -7,9 +7,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
-use http::{Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 
-use super::request_id::RequestId;
+use super::request_id::X_REQUEST_ID;
 use crate::http::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 use crate::telemetry::access::{self, AccessLine};
 
@@ -47,15 +47,12 @@ where
         if !tracing::enabled!(tracing::Level::INFO) {
             return ResponseFuture { inner: self.inner.call(request), record: None };
         }
+        // Shared, not copied: the method, the target and the id (the request id layer
+        // put it in `x-request-id`).
         let record = Record {
             method: request.method().clone(),
-            path: request.uri().path().to_owned(),
-            request_id: request
-                .extensions()
-                .get::<RequestId>()
-                .and_then(|id| id.0.to_str().ok())
-                .unwrap_or("-")
-                .to_owned(),
+            uri: request.uri().clone(),
+            request_id: request.headers().get(&X_REQUEST_ID).cloned(),
             start: Instant::now(),
             status: StatusCode::OK,
         };
@@ -97,8 +94,8 @@ where
 #[derive(Debug)]
 struct Record {
     method: Method,
-    path: String,
-    request_id: String,
+    uri: Uri,
+    request_id: Option<HeaderValue>,
     start: Instant,
     status: StatusCode,
 }
@@ -114,13 +111,14 @@ impl BodyObserver for Record {
             BodyEnd::Failed => "body_error",
             BodyEnd::Dropped => "aborted",
         };
-        let duration_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        let duration_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let request_id = self.request_id.as_ref().and_then(|id| id.to_str().ok());
         let line = AccessLine {
             method: self.method.as_str(),
-            path: &self.path,
+            path: self.uri.path(),
             status: self.status.as_u16(),
-            duration_ms,
-            request_id: &self.request_id,
+            duration_us,
+            request_id: request_id.unwrap_or("-"),
             outcome,
         };
         if access::write(&line) {
@@ -128,10 +126,10 @@ impl BodyObserver for Record {
         }
         tracing::info!(
             method = %self.method,
-            path = %self.path,
+            path = %line.path,
             status = self.status.as_u16(),
-            duration_ms,
-            request_id = %self.request_id,
+            duration_ms = line.duration_ms(),
+            request_id = %line.request_id,
             outcome,
             "request"
         );

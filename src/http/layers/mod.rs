@@ -4,4 +4,4 @@ pub mod access_log;
 pub mod request_id;
 
 pub use access_log::AccessLogLayer;
-pub use request_id::{RequestId, RequestIdLayer};
+pub use request_id::RequestIdLayer;

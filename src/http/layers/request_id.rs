@@ -1,6 +1,6 @@
 //! Request ids. foldgate's own id is the client's `x-request-id` when well formed, else a
-//! new UUIDv7; it is stored in the request's extensions (the access log reads it), sent
-//! upstream as `x-request-id`, and returned as `x-foldgate-request-id`. The response's
+//! new UUIDv7; it replaces the request's `x-request-id` (the access log reads it there),
+//! goes upstream with it, and is returned as `x-foldgate-request-id`. The response's
 //! `x-request-id` is the upstream's own id (OpenAI's `req_...`, which SDKs expose and
 //! support tickets ask for) when the upstream sent one, else foldgate's id.
 
@@ -17,10 +17,6 @@ pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// foldgate's own id of the request, on every response.
 pub static X_FOLDGATE_REQUEST_ID: HeaderName = HeaderName::from_static("x-foldgate-request-id");
-
-/// The request's id, in request extensions.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub HeaderValue);
 
 /// Adds [`RequestId`] handling to a service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,7 +55,6 @@ where
             .cloned()
             .unwrap_or_else(generate);
         request.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
-        request.extensions_mut().insert(RequestId(id.clone()));
         ResponseFuture { inner: self.inner.call(request), id: Some(id) }
     }
 }

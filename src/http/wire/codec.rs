@@ -3,12 +3,18 @@
 //! (a length, chunks, or the connection's close). No I/O here: the property tests and
 //! the fuzz target feed these functions bytes.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri, Version};
 
 /// Most header lines a response head (or a trailer section) may have.
 pub const MAX_HEADERS: usize = 100;
+/// Room left in a parsed head's header map for the headers foldgate adds before
+/// passing it on (an answer's `x-foldgate-*` tags and request ids; a request's id and
+/// length), so that adding them does not grow the map.
+pub const ADDED_HEADERS: usize = 10;
 /// Largest response head (status line and headers) accepted: about what hyper's client
 /// buffers for one.
 pub const MAX_HEAD: usize = 400 * 1024;
@@ -165,9 +171,15 @@ pub struct Head {
 /// the request's: a `HEAD` response has no body whatever its headers say.
 pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, WireError> {
     loop {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut slots);
-        let status = parsed.parse(buf);
+        // Uninitialized: httparse writes the slots it fills (zeroing all of them cost
+        // more than parsing a small head).
+        let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let status = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            buf,
+            &mut slots,
+        );
         let length = match status {
             Ok(httparse::Status::Complete(length)) if length > MAX_HEAD => {
                 return Err(WireError::HeadTooLarge);
@@ -201,17 +213,23 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             .and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
         // Offsets into the head, so that the header values share its bytes.
         let base = buf.as_ptr() as usize;
-        let mut spans = Vec::with_capacity(parsed.headers.len());
-        for h in parsed.headers.iter() {
-            let name = HeaderName::from_bytes(h.name.as_bytes())
-                .map_err(|_| WireError::Head("header name"))?;
-            let start = h.value.as_ptr() as usize - base;
-            spans.push((name, start, start + h.value.len()));
+        let offsets = |s: &[u8]| {
+            let start = s.as_ptr() as usize - base;
+            (start as u32, (start + s.len()) as u32)
+        };
+        let count = parsed.headers.len();
+        let mut spans = [((0u32, 0u32), (0u32, 0u32)); MAX_HEADERS];
+        for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
+            *span = (offsets(h.name.as_bytes()), offsets(h.value));
         }
         let head = buf.split_to(length).freeze();
-        let mut headers = HeaderMap::with_capacity(spans.len());
-        for (name, start, end) in spans {
-            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+        // Room for what foldgate adds to an answer's head (its `x-foldgate-*` tags and
+        // the request ids) without growing the map.
+        let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
+        for &((name_start, name_end), (start, end)) in &spans[..count] {
+            let name = HeaderName::from_bytes(&head[name_start as usize..name_end as usize])
+                .map_err(|_| WireError::Head("header name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(start as usize..end as usize))
                 .map_err(|_| WireError::Head("header value"))?;
             headers.append(name, value);
         }

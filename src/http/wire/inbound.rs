@@ -10,13 +10,14 @@
 //! chunked (or, to an HTTP/1.0 client, delimited by the close) otherwise.
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
-use super::codec::{self, Framing, MAX_HEAD, MAX_HEADERS, Sending};
+use super::codec::{self, ADDED_HEADERS, Framing, MAX_HEAD, MAX_HEADERS, Sending};
 
 /// Why a request head was refused; each answers with its own status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -68,9 +69,10 @@ struct Span {
 /// not hold a whole head yet. Empty lines before the request line are skipped, as
 /// RFC 9112 §2.2 allows.
 pub fn parse_request_head(buf: &mut BytesMut) -> Result<Option<RequestHead>, HeadError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut slots);
-    let length = match parsed.parse(buf) {
+    // Uninitialized: httparse writes the slots it fills.
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let length = match parsed.parse_with_uninit_headers(buf, &mut slots) {
         Ok(httparse::Status::Complete(length)) if length > MAX_HEAD => {
             return Err(HeadError::TooLarge);
         }
@@ -103,7 +105,8 @@ pub fn parse_request_head(buf: &mut BytesMut) -> Result<Option<RequestHead>, Hea
     let head = buf.split_to(length).freeze();
     let slice = |(start, end): (u32, u32)| head.slice(start as usize..end as usize);
     let uri = Uri::from_maybe_shared(slice(target)).map_err(|_| HeadError::Malformed("target"))?;
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for what foldgate adds before forwarding (the request id, a length).
+    let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
     for span in &spans[..count] {
         let (start, end) = span.name;
         let name = HeaderName::from_bytes(&head[start as usize..end as usize])
