@@ -166,7 +166,7 @@ impl Record {
         if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
             headers.insert(TOKENS_BEFORE, HeaderValue::from(*tokens_before));
             headers.insert(TOKENS_AFTER, HeaderValue::from(*tokens_after));
-            headers.insert(TIER, HeaderValue::from(u16::from(tier.number())));
+            headers.insert(TIER, HeaderValue::from_static(tier.as_str()));
         }
         if !decision.fold_wait.is_zero() {
             let millis = u64::try_from(decision.fold_wait.as_millis()).unwrap_or(u64::MAX);

@@ -111,7 +111,8 @@ impl Upstream {
             target.push('?');
             target.push_str(q);
         }
-        let path_and_query: PathAndQuery = target.parse()?;
+        // The text becomes the URI's bytes (checked, not copied again).
+        let path_and_query = PathAndQuery::from_maybe_shared(bytes::Bytes::from(target))?;
         Ok(Uri::from(path_and_query))
     }
 

@@ -31,13 +31,14 @@ pub trait StoredState: serde::Serialize + serde::de::DeserializeOwned + Default 
 }
 
 /// A conversation's key: a hex digest scoped by tenant (see `http::session_key`).
+/// Shared, not copied, when cloned: every request holds its conversation's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionKey(String);
+pub struct SessionKey(std::sync::Arc<str>);
 
 impl SessionKey {
     /// Wraps an already hashed key.
     pub fn from_digest(hex: impl Into<String>) -> Self {
-        Self(hex.into())
+        Self(hex.into().into())
     }
 
     /// The key as text (safe to show: it is a hash).

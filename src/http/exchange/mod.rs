@@ -34,7 +34,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::{Request, Response};
 
 use super::body::{BodyProgress, ProxyBody, full};
@@ -408,7 +408,9 @@ impl<'a, D: Dialect> Exchange<'a, D> {
                 // derives them again.
                 let mut headers = std::mem::take(&mut self.headers);
                 let body = self.received.outgoing(body, &mut headers);
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                // The client's length may not be this body's: the connection states the
+                // length of the body it sends.
+                headers.remove(header::CONTENT_LENGTH);
                 let (method, uri) = (self.parts.method.clone(), &self.parts.uri);
                 let upstream = self.place.upstream;
                 let request = build_request(upstream, method, uri, headers, full(body))?;

@@ -63,16 +63,18 @@ pub enum Sending {
 /// client does: a body that has ended has none; a `Transfer-Encoding` the client sent is
 /// kept, ending in `chunked`; a valid `Content-Length` is trusted; a body of known size
 /// gets its length; a body of unknown size is chunked, except on `GET`, `HEAD` and
-/// `CONNECT`, which send none.
+/// `CONNECT`, which send none. The second value is a length for [`encode_head`] to
+/// state (a body of known size without a `Content-Length`): written in the head, not
+/// made a header value.
 pub fn request_framing(
     method: &Method,
     headers: &mut HeaderMap,
     ended: bool,
     exact: Option<u64>,
-) -> Sending {
+) -> (Sending, Option<u64>) {
     if ended {
         headers.remove(header::TRANSFER_ENCODING);
-        return Sending::Length(0);
+        return (Sending::Length(0), None);
     }
     if let Some(coding) = headers.get(header::TRANSFER_ENCODING) {
         if !last_coding_is_chunked(headers.get_all(header::TRANSFER_ENCODING).iter()) {
@@ -83,36 +85,49 @@ pub fn request_framing(
             }
         }
         headers.remove(header::CONTENT_LENGTH);
-        return Sending::Chunked { trailers: true };
+        return (Sending::Chunked { trailers: true }, None);
     }
-    if let Some(length) = content_length(headers) {
-        return Sending::Length(length);
+    if headers.contains_key(header::CONTENT_LENGTH) {
+        if let Some(length) = content_length(headers) {
+            return (Sending::Length(length), None);
+        }
     }
     match exact {
         Some(length) => {
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-            Sending::Length(length)
+            headers.remove(header::CONTENT_LENGTH);
+            (Sending::Length(length), Some(length))
         }
         None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
-            Sending::Length(0)
+            (Sending::Length(0), None)
         }
         None => {
             headers.remove(header::CONTENT_LENGTH);
             headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-            Sending::Chunked { trailers: true }
+            (Sending::Chunked { trailers: true }, None)
         }
     }
 }
 
 /// Appends `METHOD /path?query HTTP/1.1`, the headers (names as `http` spells them,
-/// lower case) and the blank line to `out`.
-pub fn encode_head(method: &Method, uri: &Uri, headers: &HeaderMap, out: &mut Vec<u8>) {
+/// lower case), `content-length: length` when given, and the blank line to `out`.
+pub fn encode_head(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    length: Option<u64>,
+    out: &mut Vec<u8>,
+) {
     let target = uri.path_and_query().map_or("/", |p| p.as_str());
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     put_headers(headers.iter(), out);
+    if let Some(length) = length {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     out.extend_from_slice(b"\r\n");
 }
 
@@ -686,9 +701,10 @@ mod tests {
             for (n, v) in headers {
                 map.append(HeaderName::from_bytes(n.as_bytes()).unwrap(), v.parse().unwrap());
             }
-            let framing = request_framing(&method, &mut map, ended, exact);
+            let (framing, stated) = request_framing(&method, &mut map, ended, exact);
             let get = |n: &str| map.get(n).map(|v| v.to_str().unwrap().to_owned());
-            (framing, get("content-length"), get("transfer-encoding"))
+            let length = get("content-length").or(stated.map(|n| n.to_string()));
+            (framing, length, get("transfer-encoding"))
         };
         use Sending::Length;
         let chunked = Sending::Chunked { trailers: true };
@@ -699,6 +715,11 @@ mod tests {
         assert_eq!(
             frame(Method::POST, &[("content-length", "9")], false, None),
             (Length(9), Some("9".into()), None)
+        );
+        // An invalid length is replaced by the body's own.
+        assert_eq!(
+            frame(Method::POST, &[("content-length", "x")], false, Some(4)),
+            (Length(4), Some("4".into()), None)
         );
         assert_eq!(
             frame(
@@ -717,10 +738,17 @@ mod tests {
         headers.insert(header::HOST, HeaderValue::from_static("api.example"));
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(2));
         let mut out = Vec::new();
-        encode_head(&Method::POST, &Uri::from_static("/v1/x?a=1"), &headers, &mut out);
+        encode_head(&Method::POST, &Uri::from_static("/v1/x?a=1"), &headers, None, &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/x?a=1 HTTP/1.1\r\nhost: api.example\r\ncontent-length: 2\r\n\r\n"
+        );
+        headers.remove(header::CONTENT_LENGTH);
+        let mut out = Vec::new();
+        encode_head(&Method::PUT, &Uri::from_static("/"), &headers, Some(70), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "PUT / HTTP/1.1\r\nhost: api.example\r\ncontent-length: 70\r\n\r\n"
         );
         assert_eq!(chunk_line(255), b"ff\r\n");
         let mut trailers = HeaderMap::new();

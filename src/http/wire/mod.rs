@@ -95,14 +95,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         request: Request<ProxyBody>,
     ) -> Result<Response<ResponseBody<T>>, Failed> {
         let (mut parts, mut body) = request.into_parts();
-        let framing = codec::request_framing(
+        let (framing, length) = codec::request_framing(
             &parts.method,
             &mut parts.headers,
             body.is_end_stream(),
             body.size_hint().exact(),
         );
         let mut head = Vec::with_capacity(256 + parts.headers.len() * 48);
-        codec::encode_head(&parts.method, &parts.uri, &parts.headers, &mut head);
+        codec::encode_head(&parts.method, &parts.uri, &parts.headers, length, &mut head);
 
         // The first frame goes out with the head.
         let mut first = Bytes::new();
@@ -138,6 +138,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 // Not a byte written: the request can go out on another connection.
                 let unsent = (!out.written).then(|| {
                     let rest = if ended { super::body::full(first) } else { prefixed(first, body) };
+                    // The length stated in the head goes with it, as a header.
+                    if let Some(length) = length {
+                        parts
+                            .headers
+                            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(length));
+                    }
                     Request::from_parts(parts, rest)
                 });
                 return Err(Failed { error, unsent });
