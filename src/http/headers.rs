@@ -1,7 +1,8 @@
-//! Header rules of a proxy: hop-by-hop headers stay on their hop.
+//! Header rules of a proxy: hop-by-hop headers stay on their hop; looking up names most
+//! requests do not carry.
 
-use http::HeaderMap;
 use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue};
 
 /// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -34,9 +35,63 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::UPGRADE);
 }
 
+/// The first of `names` whose first value `accept`s, in the order of `names`, with
+/// that value and its index: what `headers.get` of each name in turn finds. A small map
+/// is read in one pass over its entries (a name compared is cheaper than a name hashed,
+/// and most names looked for are absent); a large one is looked up name by name.
+pub fn first_of<'h>(
+    headers: &'h HeaderMap,
+    names: &[HeaderName],
+    accept: impl Fn(&HeaderValue) -> bool,
+) -> Option<(usize, &'h HeaderValue)> {
+    const PASS_UP_TO: usize = 32;
+    if headers.len() > PASS_UP_TO || names.len() > 64 {
+        return names.iter().enumerate().find_map(|(i, name)| {
+            headers.get(name).filter(|value| accept(value)).map(|value| (i, value))
+        });
+    }
+    let mut seen = 0u64;
+    let mut first: Option<(usize, &HeaderValue)> = None;
+    for (name, value) in headers {
+        let Some(i) = names.iter().position(|n| n == name) else { continue };
+        // Only a name's first value counts, as with `get`.
+        if seen & 1 << i != 0 {
+            continue;
+        }
+        seen |= 1 << i;
+        if first.is_none_or(|(at, _)| i < at) && accept(value) {
+            first = Some((i, value));
+        }
+    }
+    first
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// One pass over the entries finds what looking each name up in turn finds.
+        #[test]
+        fn first_of_finds_what_lookups_in_order_find(
+            entries in proptest::collection::vec((0usize..6, "[ab]{0,2}"), 0..12),
+            wanted in proptest::collection::vec(0usize..6, 0..5),
+        ) {
+            let names: Vec<HeaderName> = ["x-a", "x-b", "session-id", "authorization", "x-c", "thread-id"]
+                .iter().map(|n| HeaderName::from_static(n)).collect();
+            let mut headers = HeaderMap::new();
+            for (name, value) in &entries {
+                headers.append(names[*name].clone(), HeaderValue::from_str(value).unwrap());
+            }
+            let looked_for: Vec<HeaderName> = wanted.iter().map(|i| names[*i].clone()).collect();
+            let accept = |v: &HeaderValue| !v.is_empty();
+            let by_lookups = looked_for.iter().enumerate().find_map(|(i, name)| {
+                headers.get(name).filter(|v| accept(v)).map(|v| (i, v))
+            });
+            // Repeated names: the first index of a name is the one found.
+            proptest::prop_assert_eq!(first_of(&headers, &looked_for, accept), by_lookups);
+        }
+    }
 
     #[test]
     fn strips_listed_and_named_headers() {

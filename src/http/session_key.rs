@@ -45,7 +45,7 @@ impl SessionHeaders {
 
     /// The value of the first of these headers `headers` carry, when not empty.
     fn id<'h>(&self, headers: &'h HeaderMap) -> Option<&'h HeaderValue> {
-        self.0.iter().find_map(|name| headers.get(name).filter(|v| !v.is_empty()))
+        super::headers::first_of(headers, &self.0, |v| !v.is_empty()).map(|(_, v)| v)
     }
 }
 

@@ -291,6 +291,21 @@ fn mentions_usage(line: &[u8]) -> bool {
 /// The usage in a JSON answer (top-level, under `response` in Responses API events, or
 /// under `message` in Anthropic's `message_start`) and the model that answered, as named.
 fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
+    // Most answers end with their usage (chat completions, Messages, Responses): found
+    // from the end, only the model is looked for from the start. The answer's text, in
+    // between, is not walked.
+    // Built once: a searcher's setup costs more than the search.
+    static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
+    if let Some(usage) = last_member_from_end(json, &USAGE).filter(|u| *u != b"null") {
+        let model = first_member(json, b"model").filter(|m| *m != b"null");
+        return Some((usage_fields(usage)?, model.and_then(string_value)));
+    }
+    usage_in_members(json)
+}
+
+/// [`usage_in`] by walking the answer's members from the start.
+fn usage_in_members(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     let top = Members::of(json)?;
     let holder = match (top.usage, top.response, top.message) {
         (Some(_), _, _) => top,
@@ -300,6 +315,63 @@ fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     let usage = usage_fields(holder.usage?)?;
     let model = holder.model.and_then(string_value);
     Some((usage, model))
+}
+
+/// The raw value of the JSON object `json`'s member whose key (with its quotes)
+/// `quoted_key` finds, when its last occurrence in the text is a member of the outermost object:
+/// after its value come only whole members and the object's closing brace. `None`
+/// otherwise (the key nested deeper, escaped, or absent): the caller walks the members.
+///
+/// An unescaped quote followed by a name and a quote opens a string (one that closed a
+/// string would have to be followed by punctuation), so the key found is a key; and an
+/// object that closes where the text ends is the outermost one.
+fn last_member_from_end<'a>(
+    json: &'a [u8],
+    quoted_key: &memchr::memmem::FinderRev<'_>,
+) -> Option<&'a [u8]> {
+    let at = quoted_key.rfind(json)?;
+    let backslashes = json[..at].iter().rev().take_while(|&&b| b == b'\\').count();
+    if backslashes % 2 == 1 {
+        return None;
+    }
+    let mut i = skip_space(json, at + quoted_key.needle().len());
+    if json.get(i) != Some(&b':') {
+        return None;
+    }
+    i = skip_space(json, i + 1);
+    let end = value_end(json, i)?;
+    let value = &json[i..end];
+    let mut i = skip_space(json, end);
+    loop {
+        match json.get(i)? {
+            b'}' => return (skip_space(json, i + 1) == json.len()).then_some(value),
+            b',' => {
+                i = skip_space(json, i + 1);
+                if json.get(i) != Some(&b'"') {
+                    return None;
+                }
+                i = skip_space(json, string_end(json, i)?);
+                if json.get(i) != Some(&b':') {
+                    return None;
+                }
+                i = skip_space(json, value_end(json, skip_space(json, i + 1))?);
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// The raw value of the first member named `key` of the JSON object `json`, walking its
+/// members only as far as that one.
+fn first_member<'a>(json: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    let mut found = None;
+    each_member(json, |name, value| {
+        if name == key {
+            found = Some(value);
+        }
+        found.is_none()
+    });
+    found
 }
 
 /// The raw values of a JSON object's `usage`, `model` and `response` members, found
@@ -385,6 +457,16 @@ fn skip_space(json: &[u8], from: usize) -> usize {
 /// The end (one past the closing quote) of the string whose opening quote is at `start`.
 fn string_end(json: &[u8], start: usize) -> Option<usize> {
     let mut i = start + 1;
+    // Keys and short values end within a few bytes: a plain loop first, cheaper there
+    // than `memchr`'s setup.
+    let near = json.len().min(start + 24);
+    while i < near {
+        match json[i] {
+            b'"' => return Some(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
     loop {
         i += memchr::memchr2(b'"', b'\\', json.get(i..)?)?;
         if json[i] == b'\\' {
@@ -621,6 +703,82 @@ mod tests {
                 .collect();
             let raw = format!("{{{}}}", fields.join(","));
             proptest::prop_assert_eq!(usage_fields(raw.as_bytes()), by_serde(raw.as_bytes()), "{}", raw);
+        }
+    }
+
+    /// JSON values with the members usage is looked for in, decoys of them nested at
+    /// any depth, and texts that mention them with quotes and backslashes.
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::{Value, json};
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            (0u64..5000).prop_map(|n| json!(n)),
+            Just(json!(1.5)),
+            "[a-z \"\\\\:{}\\[\\],]{0,12}".prop_map(Value::String),
+            Just(json!("say \"usage\": {} \\")),
+            Just(json!({"prompt_tokens": 7, "completion_tokens": 2})),
+        ];
+        leaf.prop_recursive(4, 40, 6, |inner| {
+            let key = prop_oneof![
+                Just("usage"),
+                Just("model"),
+                Just("response"),
+                Just("message"),
+                Just("choices"),
+                Just("id"),
+                Just("x"),
+            ];
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec((key, inner), 0..5).prop_map(|members| {
+                    Value::Object(members.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+        /// Usage found from the answer's end is what walking its members finds.
+        #[test]
+        fn usage_from_the_end_is_usage_from_the_members(
+            value in json_value(),
+            pretty in proptest::bool::ANY,
+        ) {
+            let text = if pretty {
+                serde_json::to_string_pretty(&value).unwrap()
+            } else {
+                serde_json::to_string(&value).unwrap()
+            };
+            let json = text.as_bytes();
+            proptest::prop_assert_eq!(usage_in(json), usage_in_members(json), "{}", text);
+        }
+    }
+
+    proptest::proptest! {
+        /// A JSON string ends at its closing quote, however long, whatever it escapes.
+        #[test]
+        fn strings_end_at_their_closing_quote(text in "[a\"\\\\\n/é]{0,80}", after in "[,:}\\]]{0,3}") {
+            let quoted = serde_json::to_string(&text).unwrap();
+            let json = format!("{quoted}{after}");
+            proptest::prop_assert_eq!(string_end(json.as_bytes(), 0), Some(quoted.len()));
+        }
+    }
+
+    #[test]
+    fn usage_found_from_the_end_only_at_the_top() {
+        let top = br#"{"id":"c","model":"m","choices":[{"usage":{"prompt_tokens":1}}],"usage":{"prompt_tokens":9},"x":[1,{"a":"}"}]}"#;
+        let usage = memchr::memmem::FinderRev::new(b"\"usage\"");
+        assert_eq!(last_member_from_end(top, &usage), Some(&br#"{"prompt_tokens":9}"#[..]));
+        assert_eq!(usage_in(top).unwrap().0.prompt, 9);
+        for nested in [
+            &br#"{"a":{"usage":{"prompt_tokens":1}}}"#[..],
+            br#"{"a":[{"usage":1}]}"#,
+            br#"{"a":"x\"usage\":1"}"#,
+            br#"[{"usage":1}]"#,
+        ] {
+            assert_eq!(last_member_from_end(nested, &usage), None);
         }
     }
 

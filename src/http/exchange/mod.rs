@@ -107,7 +107,9 @@ pub async fn run<D: Dialect>(
     progress: Arc<BodyProgress>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let Place { routes, dialect, upstream, metrics, max_body, .. } = place;
-    let summary_call = request.headers().contains_key(SUMMARY_HEADER);
+    // A name made once: looked up by `&str`, it would be parsed on every request.
+    static SUMMARY: http::HeaderName = http::HeaderName::from_static(SUMMARY_HEADER);
+    let summary_call = request.headers().contains_key(&SUMMARY);
     if !routes.enabled || summary_call {
         // A digest call of foldgate's own goes as it is; so does every request when
         // compaction is off.
@@ -513,10 +515,16 @@ pub const PIN_HEADER: &str = "x-foldgate-pin";
 /// error names a pin pattern that cannot be used (the client gets a 400).
 fn steer_of(operator: &Steer, headers: &http::HeaderMap) -> Result<Option<Steer>, PinError> {
     // Names made once: looked up by `&str`, each would be parsed on every request.
-    const INSTRUCTIONS: http::HeaderName = http::HeaderName::from_static(INSTRUCTIONS_HEADER);
-    const PINS: http::HeaderName = http::HeaderName::from_static(PIN_HEADER);
+    static NAMES: [http::HeaderName; 2] = [
+        http::HeaderName::from_static(INSTRUCTIONS_HEADER),
+        http::HeaderName::from_static(PIN_HEADER),
+    ];
+    // Most requests carry neither: one pass over the headers tells.
+    if super::headers::first_of(headers, &NAMES, |_| true).is_none() {
+        return Ok(None);
+    }
     let text = |name| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
-    let (instructions, pins) = (text(&INSTRUCTIONS), text(&PINS));
+    let (instructions, pins) = (text(&NAMES[0]), text(&NAMES[1]));
     if instructions.is_none() && pins.is_none() {
         return Ok(None);
     }
