@@ -18,6 +18,8 @@ const ALWAYS: &[&[u8]] = &[
     br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#,
     br#"{"model":"gpt-4.1","input":[{"type":"message","role":"user","content":"hi"}]}"#,
     br#"{"model":"claude","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
+    // Long enough to be kept with its outline (and resumed when it comes again).
+    br#"{"model":"gpt-4o","messages":[{"role":"system","content":"You are a careful agent who reads every file before changing it, runs the tests after each change, and reports what it did in the past tense with the exact files, commands and errors."},{"role":"user","content":"Fix the failing test in src/parser.rs; the error is an index out of bounds when the input ends inside a string."},{"role":"assistant","content":"I read src/parser.rs and found the string scanner reads one byte past the end."},{"role":"user","content":"Go on."}]}"#,
     b"data: {\"usage\":{\"prompt_tokens\":5}}\n\n",
     b"\x01\x00data: {\"usage\":{\"prompt_tokens\":5}}\n\n",
 ];

@@ -20,7 +20,6 @@ use bytes::Bytes;
 use crate::model::Role;
 
 /// The outline of a chat-completions body.
-#[derive(Debug)]
 pub struct Outline<'a> {
     body: &'a [u8],
     fields: Vec<(&'a str, Range<usize>)>,
@@ -30,6 +29,17 @@ pub struct Outline<'a> {
     resumed: Option<Resumed>,
     /// Where this outline was kept for the bodies that continue it.
     kept_at: Option<kept::KeptAt>,
+}
+
+/// What the body holds: its fields and messages (not how it was scanned, which a kept
+/// and a fresh scan of the same body differ in).
+impl std::fmt::Debug for Outline<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outline")
+            .field("fields", &self.fields)
+            .field("messages", &self.messages)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a resumed scan knows of the kept outline it resumed from.
