@@ -166,7 +166,7 @@ pub(super) fn keep(
     // The fields before `messages` are the first ones, and `messages` comes next (not so
     // when a later duplicate key replaced one of them: such a body is not kept).
     let fields = &outline.fields;
-    let in_order = fields.get(before).is_some_and(|(k, v)| *k == "messages" && v.start == opened)
+    let in_order = fields.get(before).is_some_and(|(k, v)| *k == b"messages" && v.start == opened)
         && fields[..before].iter().all(|(_, v)| v.end <= opened);
     if !in_order {
         return None;

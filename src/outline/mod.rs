@@ -22,13 +22,29 @@ use crate::model::Role;
 /// The outline of a chat-completions body.
 pub struct Outline<'a> {
     body: &'a [u8],
-    fields: Vec<(&'a str, Range<usize>)>,
+    /// The top-level keys as written (not checked as UTF-8: a key that is not is no
+    /// key foldgate reads) and where their values lie.
+    fields: Vec<(&'a [u8], Range<usize>)>,
     messages: Vec<MessageOutline>,
     /// The kept outline the scan resumed from (see `kept`): how far the bodies agree,
     /// and its memo.
     resumed: Option<Resumed>,
     /// Where this outline was kept for the bodies that continue it.
     kept_at: Option<kept::KeptAt>,
+    /// Where the `model` field's name lies, once looked for (the decision, the budget
+    /// and the session key all ask for it).
+    model: std::cell::OnceCell<ModelAt>,
+}
+
+/// Where a body's model name lies.
+#[derive(Debug, Clone)]
+enum ModelAt {
+    /// No `model` field.
+    Absent,
+    /// A string without escapes: the name is these bytes.
+    Plain(Range<usize>),
+    /// Anything else: the field's value is parsed.
+    Raw(Range<usize>),
 }
 
 /// What the body holds: its fields and messages (not how it was scanned, which a kept
@@ -105,12 +121,12 @@ impl<'a> Outline<'a> {
         let agreed = resumed.as_ref().map(|r| Resumed { end: r.end, memo: r.memo });
         if let Some(resumed) = resumed {
             for (key, value) in resumed.fields {
-                fields.push((std::str::from_utf8(&body[key]).ok()?, value));
+                fields.push((&body[key], value));
             }
             scan.pos = resumed.end;
             opened = Some((resumed.opened, fields.len()));
             messages = Some(scan.messages_from(resumed.messages)?);
-            fields.push(("messages", resumed.opened..scan.pos));
+            fields.push((b"messages", resumed.opened..scan.pos));
         } else {
             scan.expect(b'{')?;
             if scan.peek()? == b'}' {
@@ -121,18 +137,18 @@ impl<'a> Outline<'a> {
             if resuming {
                 resuming = false;
             } else {
-                let key = std::str::from_utf8(scan.key()?).ok()?;
+                let key = scan.key()?;
                 scan.expect(b':')?;
                 scan.whitespace();
                 let start = scan.pos;
-                if read_messages && key == "messages" {
+                if read_messages && key == b"messages" {
                     opened = Some((start, fields.len()));
                     messages = Some(scan.messages()?);
                 } else {
                     scan.value()?;
                 }
                 // The last of duplicate keys wins, as with a parser.
-                fields.retain(|(k, _): &(&str, Range<usize>)| *k != key);
+                fields.retain(|(k, _)| *k != key);
                 fields.push((key, start..scan.pos));
             }
             match scan.next_byte()? {
@@ -148,7 +164,14 @@ impl<'a> Outline<'a> {
             return None;
         }
         let messages = messages.unwrap_or_default();
-        let mut outline = Self { body, fields, messages, resumed: agreed, kept_at: None };
+        let mut outline = Self {
+            body,
+            fields,
+            messages,
+            resumed: agreed,
+            kept_at: None,
+            model: std::cell::OnceCell::new(),
+        };
         if let (Some((opened, before)), Some(shared)) = (opened, shared) {
             outline.kept_at = kept::keep(&outline, shared, opened, before);
         }
@@ -174,17 +197,32 @@ impl<'a> Outline<'a> {
 
     /// The raw text of a top-level field.
     pub fn field(&self, key: &str) -> Option<&'a [u8]> {
+        let key = key.as_bytes();
         self.fields.iter().rev().find(|(k, _)| *k == key).map(|(_, r)| &self.body[r.clone()])
     }
 
     /// The `model` field: borrowed from the body unless it has escapes.
     pub fn model(&self) -> Option<Cow<'a, str>> {
-        let raw = self.field("model")?;
+        let body = self.body;
+        match self.model.get_or_init(|| self.find_model()) {
+            ModelAt::Absent => None,
+            ModelAt::Plain(name) => {
+                std::str::from_utf8(&body[name.clone()]).ok().map(Cow::Borrowed)
+            }
+            ModelAt::Raw(raw) => {
+                serde_json::from_slice::<String>(&body[raw.clone()]).ok().map(Cow::Owned)
+            }
+        }
+    }
+
+    fn find_model(&self) -> ModelAt {
+        let Some(raw) = self.field("model") else { return ModelAt::Absent };
+        let start = raw.as_ptr() as usize - self.body.as_ptr() as usize;
         // A name without escapes is its bytes between the quotes.
         let plain = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\""));
         match plain.filter(|inner| !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20)) {
-            Some(inner) => std::str::from_utf8(inner).ok().map(Cow::Borrowed),
-            None => serde_json::from_slice::<String>(raw).ok().map(Cow::Owned),
+            Some(inner) => ModelAt::Plain(start + 1..start + 1 + inner.len()),
+            None => ModelAt::Raw(start..start + raw.len()),
         }
     }
 
