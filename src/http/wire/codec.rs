@@ -59,6 +59,44 @@ pub enum Sending {
     UntilClose,
 }
 
+/// Where a head's header lines lie (names and values as offsets into it), kept while
+/// the head is split off its buffer, so that the values share the head's bytes.
+pub(super) struct HeaderSpans {
+    spans: [((u32, u32), (u32, u32)); MAX_HEADERS],
+    count: usize,
+}
+
+impl HeaderSpans {
+    /// The spans of `headers`, parsed from `head`.
+    pub(super) fn of(head: &[u8], headers: &[httparse::Header<'_>]) -> Self {
+        let mut spans = [((0, 0), (0, 0)); MAX_HEADERS];
+        for (span, h) in spans.iter_mut().zip(headers) {
+            *span = (offsets(head, h.name.as_bytes()), offsets(head, h.value));
+        }
+        Self { spans, count: headers.len().min(MAX_HEADERS) }
+    }
+
+    /// The header map of `head` (the bytes the spans were taken from), with room for
+    /// [`ADDED_HEADERS`] more; the part that is not a valid header, if one is not.
+    pub(super) fn map(&self, head: &Bytes) -> Result<HeaderMap, &'static str> {
+        let mut headers = HeaderMap::with_capacity(self.count + ADDED_HEADERS);
+        for &((name_start, name_end), (start, end)) in &self.spans[..self.count] {
+            let name = HeaderName::from_bytes(&head[name_start as usize..name_end as usize])
+                .map_err(|_| "header name")?;
+            let value = HeaderValue::from_maybe_shared(head.slice(start as usize..end as usize))
+                .map_err(|_| "header value")?;
+            headers.append(name, value);
+        }
+        Ok(headers)
+    }
+}
+
+/// Where `part`, a slice of `head`, lies in it.
+pub(super) fn offsets(head: &[u8], part: &[u8]) -> (u32, u32) {
+    let start = part.as_ptr() as usize - head.as_ptr() as usize;
+    (start as u32, (start + part.len()) as u32)
+}
+
 /// Decides how a request body is framed and sets the headers that say so, as hyper's
 /// client does: a body that has ended has none; a `Transfer-Encoding` the client sent is
 /// kept, ending in `chunked`; a valid `Content-Length` is trusted; a body of known size
@@ -226,28 +264,9 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             .reason
             .filter(|r| Some(*r) != status.canonical_reason())
             .and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
-        // Offsets into the head, so that the header values share its bytes.
-        let base = buf.as_ptr() as usize;
-        let offsets = |s: &[u8]| {
-            let start = s.as_ptr() as usize - base;
-            (start as u32, (start + s.len()) as u32)
-        };
-        let count = parsed.headers.len();
-        let mut spans = [((0u32, 0u32), (0u32, 0u32)); MAX_HEADERS];
-        for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
-            *span = (offsets(h.name.as_bytes()), offsets(h.value));
-        }
+        let spans = HeaderSpans::of(buf, parsed.headers);
         let head = buf.split_to(length).freeze();
-        // Room for what foldgate adds to an answer's head (its `x-foldgate-*` tags and
-        // the request ids) without growing the map.
-        let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
-        for &((name_start, name_end), (start, end)) in &spans[..count] {
-            let name = HeaderName::from_bytes(&head[name_start as usize..name_end as usize])
-                .map_err(|_| WireError::Head("header name"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(start as usize..end as usize))
-                .map_err(|_| WireError::Head("header value"))?;
-            headers.append(name, value);
-        }
+        let headers = spans.map(&head).map_err(WireError::Head)?;
         let (framing, mut keep_alive) = framing(method, status, version, &headers)?;
         keep_alive &= connection_kept(version, &headers);
         let mut response = Response::new(());

@@ -14,10 +14,10 @@ use std::mem::MaybeUninit;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
-use super::codec::{self, ADDED_HEADERS, Framing, MAX_HEAD, MAX_HEADERS, Sending};
+use super::codec::{self, Framing, HeaderSpans, MAX_HEAD, MAX_HEADERS, Sending};
 
 /// Why a request head was refused; each answers with its own status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -58,13 +58,6 @@ pub struct RequestHead {
     pub expects_continue: bool,
 }
 
-/// Where one header line lies in the head: name and value as offsets.
-#[derive(Clone, Copy, Default)]
-struct Span {
-    name: (u32, u32),
-    value: (u32, u32),
-}
-
 /// Reads a request head from the front of `buf`, removing it; `None` when `buf` does
 /// not hold a whole head yet. Empty lines before the request line are skipped, as
 /// RFC 9112 §2.2 allows.
@@ -91,30 +84,13 @@ pub fn parse_request_head(buf: &mut BytesMut) -> Result<Option<RequestHead>, Hea
     let method =
         Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::Malformed("method"))?;
     // Offsets into the head, so that the target and the header values share its bytes.
-    let base = buf.as_ptr() as usize;
-    let offsets = |s: &[u8]| {
-        let start = s.as_ptr() as usize - base;
-        (start as u32, (start + s.len()) as u32)
-    };
-    let target = offsets(parsed.path.unwrap_or_default().as_bytes());
-    let count = parsed.headers.len();
-    let mut spans = [Span::default(); MAX_HEADERS];
-    for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
-        *span = Span { name: offsets(h.name.as_bytes()), value: offsets(h.value) };
-    }
+    let target = codec::offsets(buf, parsed.path.unwrap_or_default().as_bytes());
+    let spans = HeaderSpans::of(buf, parsed.headers);
     let head = buf.split_to(length).freeze();
-    let slice = |(start, end): (u32, u32)| head.slice(start as usize..end as usize);
-    let uri = Uri::from_maybe_shared(slice(target)).map_err(|_| HeadError::Malformed("target"))?;
-    // Room for what foldgate adds before forwarding (the request id, a length).
-    let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
-    for span in &spans[..count] {
-        let (start, end) = span.name;
-        let name = HeaderName::from_bytes(&head[start as usize..end as usize])
-            .map_err(|_| HeadError::Malformed("header name"))?;
-        let value = HeaderValue::from_maybe_shared(slice(span.value))
-            .map_err(|_| HeadError::Malformed("header value"))?;
-        headers.append(name, value);
-    }
+    let uri = Uri::from_maybe_shared(head.slice(target.0 as usize..target.1 as usize))
+        .map_err(|_| HeadError::Malformed("target"))?;
+    // With room for what foldgate adds before forwarding (the request id).
+    let mut headers = spans.map(&head).map_err(HeadError::Malformed)?;
     let framing = request_framing(version, &mut headers)?;
     let keep_alive = codec::connection_kept(version, &headers);
     let expects_continue = version == Version::HTTP_11
