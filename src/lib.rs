@@ -6,6 +6,8 @@
 //! (`compaction`) → `model`; `config`, `model` and `vocab` are leaves. See
 //! `ARCHITECTURE.md`.
 
+#[allow(unsafe_code)] // A `GlobalAlloc` is unsafe to implement; nothing else is.
+pub mod allocator;
 pub mod api;
 pub mod app;
 pub mod cli;

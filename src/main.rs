@@ -6,10 +6,10 @@ use clap::Parser;
 use foldgate::cli::{Cli, Command};
 use foldgate::config::{Config, ConfigSource, resolve_file};
 
-/// A thread-caching allocator: the proxy path allocates and frees small buffers and
-/// headers on every request, on several threads.
+/// A thread-caching allocator (mimalloc): the proxy path allocates and frees small
+/// buffers and headers on every request, on several threads.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: foldgate::allocator::Allocator = foldgate::allocator::Allocator;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

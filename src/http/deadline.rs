@@ -180,16 +180,31 @@ impl Drop for Deadline {
 pub struct Elapsed;
 
 /// `future`, or [`Elapsed`] once `after` has passed (see [`Deadline`]).
-pub async fn timeout<F: Future>(after: Duration, future: F) -> Result<F::Output, Elapsed> {
-    let mut future = std::pin::pin!(future);
-    let mut deadline = Deadline::after(after);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+pub fn timeout<F: Future>(after: Duration, future: F) -> Timeout<F> {
+    Timeout { future, deadline: Deadline::after(after) }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`timeout`]: the future it bounds and the deadline, side by side (an
+    /// `async fn` would hold the future twice, as its argument and pinned, and every
+    /// future awaiting it would be as much larger, copied on each move).
+    pub struct Timeout<F> {
+        #[pin]
+        future: F,
+        deadline: Deadline,
+    }
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        Pin::new(&mut deadline).poll(cx).map(|()| Err(Elapsed))
-    })
-    .await
+        Pin::new(this.deadline).poll(cx).map(|()| Err(Elapsed))
+    }
 }
 
 #[cfg(test)]

@@ -66,6 +66,30 @@ pub fn first_of<'h>(
     first
 }
 
+/// Which of `names` (at most 64) `headers` has: bit `i` set for `names[i]`. A small map
+/// is read in one pass over its names, as in [`first_of`]; a large one is looked up
+/// name by name.
+pub fn present(headers: &HeaderMap, names: &[HeaderName]) -> u64 {
+    debug_assert!(names.len() <= 64);
+    let bit = |i: usize| 1u64 << (i & 63);
+    if headers.len() > 32 {
+        return names
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| headers.contains_key(*n))
+            .fold(0, |m, (i, _)| m | bit(i));
+    }
+    let mut found = 0;
+    for name in headers.keys() {
+        for (i, wanted) in names.iter().enumerate() {
+            if wanted == name {
+                found |= bit(i);
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +114,28 @@ mod tests {
             });
             // Repeated names: the first index of a name is the one found.
             proptest::prop_assert_eq!(first_of(&headers, &looked_for, accept), by_lookups);
+        }
+    }
+
+    proptest::proptest! {
+        /// One pass over the names finds what a lookup of each finds.
+        #[test]
+        fn present_finds_what_lookups_find(
+            entries in proptest::collection::vec(0usize..8, 0..40),
+            wanted in proptest::collection::vec(0usize..8, 0..6),
+        ) {
+            let names: Vec<HeaderName> = ["x-a", "x-b", "connection", "date", "content-length",
+                "transfer-encoding", "x-c", "host"]
+                .iter().map(|n| HeaderName::from_static(n)).collect();
+            let mut headers = HeaderMap::new();
+            for name in &entries {
+                headers.append(names[*name].clone(), HeaderValue::from_static("v"));
+            }
+            let looked_for: Vec<HeaderName> = wanted.iter().map(|i| names[*i].clone()).collect();
+            let by_lookups = looked_for.iter().enumerate()
+                .filter(|(_, n)| headers.contains_key(*n))
+                .fold(0u64, |m, (i, _)| m | 1 << i);
+            proptest::prop_assert_eq!(present(&headers, &looked_for), by_lookups);
         }
     }
 

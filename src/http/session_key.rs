@@ -386,27 +386,39 @@ static RECENT_SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
 
 impl Recent {
     fn tag(credential: Option<(&str, &HeaderValue)>, named: &Named<'_>) -> u128 {
-        let mut tag = Xxh3::with_seed(*RECENT_SEED);
-        match credential {
-            Some((name, value)) => {
-                tag.update(name.as_bytes());
-                tag.update(b"\0");
-                tag.update(&(value.len() as u64).to_le_bytes());
-                tag.update(value.as_bytes());
-            }
-            None => tag.update(b"\0anonymous"),
+        let length;
+        let digest;
+        let (who, what): ([&[u8]; 4], [&[u8]; 2]) = (
+            match credential {
+                Some((name, value)) => {
+                    length = (value.len() as u64).to_le_bytes();
+                    [name.as_bytes(), b"\0", &length, value.as_bytes()]
+                }
+                None => [b"\0anonymous", b"", b"", b""],
+            },
+            match named {
+                Named::Header(id) => [b"\0header\0", id],
+                Named::Fingerprint(value) => {
+                    digest = value.to_le_bytes();
+                    [b"\0fingerprint\0", &digest]
+                }
+            },
+        );
+        // The parts one after the other, hashed at once when they fit a small buffer
+        // (most do: a key and an id): a streaming hasher's setup costs more than the
+        // hash. The digest is the same either way.
+        let mut buffer = [0u8; 384];
+        let mut filled = 0;
+        for part in who.iter().chain(&what) {
+            let Some(room) = buffer.get_mut(filled..filled + part.len()) else {
+                let mut tag = Xxh3::with_seed(*RECENT_SEED);
+                who.iter().chain(&what).for_each(|part| tag.update(part));
+                return tag.digest128();
+            };
+            room.copy_from_slice(part);
+            filled += part.len();
         }
-        match named {
-            Named::Header(id) => {
-                tag.update(b"\0header\0");
-                tag.update(id);
-            }
-            Named::Fingerprint(digest) => {
-                tag.update(b"\0fingerprint\0");
-                tag.update(&digest.to_le_bytes());
-            }
-        }
-        tag.digest128()
+        xxhash_rust::xxh3::xxh3_128_with_seed(&buffer[..filled], *RECENT_SEED)
     }
 
     fn get(tag: u128) -> Option<SessionKey> {
@@ -478,6 +490,39 @@ mod tests {
             ]
         });
         ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    /// A recent key's tag is the seeded hash of its parts in order, whether they fit
+    /// the small buffer or are streamed.
+    #[test]
+    fn recent_tags_hash_the_parts_in_order_at_any_length() {
+        for len in [1, 40, 300, 370, 400, 2000] {
+            let value = HeaderValue::from_str(&"k".repeat(len)).unwrap();
+            for named in [Named::Header(b"abc"), Named::Fingerprint(7 << 70)] {
+                let mut stream = Xxh3::with_seed(*RECENT_SEED);
+                stream.update(b"authorization\0");
+                stream.update(&(len as u64).to_le_bytes());
+                stream.update(value.as_bytes());
+                match &named {
+                    Named::Header(id) => stream.update(&[b"\0header\0", *id].concat()),
+                    Named::Fingerprint(d) => {
+                        stream.update(&[&b"\0fingerprint\0"[..], &d.to_le_bytes()].concat())
+                    }
+                }
+                assert_eq!(
+                    Recent::tag(Some(("authorization", &value)), &named),
+                    stream.digest128(),
+                    "{len}"
+                );
+            }
+        }
+        let mut stream = Xxh3::with_seed(*RECENT_SEED);
+        stream.update(b"\0anonymous\0header\0abc");
+        assert_eq!(Recent::tag(None, &Named::Header(b"abc")), stream.digest128());
+        assert_ne!(
+            Recent::tag(None, &Named::Header(b"abc")),
+            Recent::tag(None, &Named::Header(b"abd"))
+        );
     }
 
     fn x_session_id() -> SessionHeaders {

@@ -38,6 +38,12 @@ pub struct Usage {
 /// members would read it (the tests check it against one), without its visitor per
 /// member: `None` for a member that is not a whole number nor `null`, or twice there.
 fn usage_fields(raw: &[u8]) -> Option<Usage> {
+    usage_fields_end(raw).map(|(usage, _)| usage)
+}
+
+/// [`usage_fields`] of the object that starts `json`, and where it ends (one past its
+/// closing brace): what follows is not looked at.
+fn usage_fields_end(json: &[u8]) -> Option<(Usage, usize)> {
     // prompt_tokens, input_tokens, completion_tokens, output_tokens,
     // cache_read_input_tokens, cache_creation_input_tokens.
     let mut counts = [None::<u64>; 6];
@@ -45,7 +51,7 @@ fn usage_fields(raw: &[u8]) -> Option<Usage> {
     // its `cached_tokens`.
     let mut details = [None::<Option<u64>>; 2];
     let mut seen = 0u8;
-    each_member(raw, |key, value| {
+    let end = each_member(json, |key, value| {
         let slot = match key {
             b"prompt_tokens" => 0,
             b"input_tokens" => 1,
@@ -73,13 +79,14 @@ fn usage_fields(raw: &[u8]) -> Option<Usage> {
     let [prompt, input, completion, output, read, created] = counts;
     let cached = details[0].or(details[1]).flatten();
     let (read, created) = (read.unwrap_or(0), created.unwrap_or(0));
-    Some(Usage {
+    let usage = Usage {
         // Saturating: the counts are the upstream's, any size.
         prompt: prompt.or(input).unwrap_or(0).saturating_add(read).saturating_add(created),
         completion: completion.or(output).unwrap_or(0),
         cached: cached.unwrap_or(0).saturating_add(read),
         cache_write: created,
-    })
+    };
+    Some((usage, end))
 }
 
 /// The `cached_tokens` of a `*_tokens_details` object (`Some(None)`: it has none);
@@ -297,9 +304,16 @@ fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     // Built once: a searcher's setup costs more than the search.
     static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
-    if let Some(usage) = last_member_from_end(json, &USAGE).filter(|u| *u != b"null") {
-        let model = first_member(json, b"model").filter(|m| *m != b"null");
-        return Some((usage_fields(usage)?, model.and_then(string_value)));
+    if let Some(start) = last_key_value_start(json, &USAGE) {
+        // Read as it is walked: the object is not walked once more to find its end,
+        // except when it does not read as usage (then only its place decides).
+        let read = usage_fields_end(&json[start..]).map(|(usage, len)| (usage, start + len));
+        let end = read.as_ref().map(|&(_, end)| end).or_else(|| value_end(json, start));
+        let top = end.filter(|&end| closes_outermost(json, end));
+        if top.is_some_and(|end| &json[start..end] != b"null") {
+            let model = first_member(json, b"model").filter(|m| *m != b"null");
+            return Some((read?.0, model.and_then(string_value)));
+        }
     }
     usage_in_members(json)
 }
@@ -325,38 +339,55 @@ fn usage_in_members(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
 /// An unescaped quote followed by a name and a quote opens a string (one that closed a
 /// string would have to be followed by punctuation), so the key found is a key; and an
 /// object that closes where the text ends is the outermost one.
+#[cfg(test)]
 fn last_member_from_end<'a>(
     json: &'a [u8],
     quoted_key: &memchr::memmem::FinderRev<'_>,
 ) -> Option<&'a [u8]> {
+    let start = last_key_value_start(json, quoted_key)?;
+    let end = value_end(json, start)?;
+    closes_outermost(json, end).then(|| &json[start..end])
+}
+
+/// Where the value of the last occurrence of `quoted_key` in `json` starts, when that
+/// occurrence is a key (unescaped, followed by a colon); see [`closes_outermost`] for
+/// whether it is a member of the outermost object.
+fn last_key_value_start(json: &[u8], quoted_key: &memchr::memmem::FinderRev<'_>) -> Option<usize> {
     let at = quoted_key.rfind(json)?;
     let backslashes = json[..at].iter().rev().take_while(|&&b| b == b'\\').count();
     if backslashes % 2 == 1 {
         return None;
     }
-    let mut i = skip_space(json, at + quoted_key.needle().len());
+    let i = skip_space(json, at + quoted_key.needle().len());
     if json.get(i) != Some(&b':') {
         return None;
     }
-    i = skip_space(json, i + 1);
-    let end = value_end(json, i)?;
-    let value = &json[i..end];
+    Some(skip_space(json, i + 1))
+}
+
+/// True when only whole members and the closing brace of an object that ends the text
+/// follow a member value that ends at `end`.
+fn closes_outermost(json: &[u8], end: usize) -> bool {
     let mut i = skip_space(json, end);
     loop {
-        match json.get(i)? {
-            b'}' => return (skip_space(json, i + 1) == json.len()).then_some(value),
-            b',' => {
+        match json.get(i) {
+            Some(b'}') => return skip_space(json, i + 1) == json.len(),
+            Some(b',') => {
                 i = skip_space(json, i + 1);
                 if json.get(i) != Some(&b'"') {
-                    return None;
+                    return false;
                 }
-                i = skip_space(json, string_end(json, i)?);
+                let Some(key_end) = string_end(json, i) else { return false };
+                i = skip_space(json, key_end);
                 if json.get(i) != Some(&b':') {
-                    return None;
+                    return false;
                 }
-                i = skip_space(json, value_end(json, skip_space(json, i + 1))?);
+                let Some(value_end) = value_end(json, skip_space(json, i + 1)) else {
+                    return false;
+                };
+                i = skip_space(json, value_end);
             }
-            _ => return None,
+            _ => return false,
         }
     }
 }
@@ -409,20 +440,22 @@ impl<'a> Members<'a> {
     }
 }
 
-/// Calls `visit` with each member of the JSON object `json`: its key as written
-/// (between the quotes, escapes left as they are) and its raw value. `None` when `json`
-/// is not an object, is malformed before its end, or `visit` says stop (false).
+/// Calls `visit` with each member of the JSON object that starts `json`: its key as
+/// written (between the quotes, escapes left as they are) and its raw value. Where the
+/// object ends (one past its closing brace; what follows is not looked at), or `None`
+/// when `json` does not start with an object, it is malformed before its end, or
+/// `visit` says stop (false).
 fn each_member<'a>(
     json: &'a [u8],
     mut visit: impl FnMut(&'a [u8], &'a [u8]) -> bool,
-) -> Option<()> {
+) -> Option<usize> {
     let mut i = skip_space(json, 0);
     if json.get(i) != Some(&b'{') {
         return None;
     }
     i = skip_space(json, i + 1);
     if json.get(i) == Some(&b'}') {
-        return Some(());
+        return Some(i + 1);
     }
     loop {
         if json.get(i) != Some(&b'"') {
@@ -442,7 +475,7 @@ fn each_member<'a>(
         i = skip_space(json, value_end);
         match json.get(i)? {
             b',' => i = skip_space(json, i + 1),
-            b'}' => return Some(()),
+            b'}' => return Some(i + 1),
             _ => return None,
         }
     }

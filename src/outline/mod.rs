@@ -110,7 +110,8 @@ impl<'a> Outline<'a> {
 
     fn scan_with(body: &'a [u8], read_messages: bool, shared: Option<&Bytes>) -> Option<Self> {
         let mut scan = Scanner { body, pos: 0, mentions: Mentions::default() };
-        let mut fields = Vec::new();
+        // Room for a request's usual top-level fields: grown once, not three times.
+        let mut fields = Vec::with_capacity(8);
         let mut messages = None;
         // Where the `messages` array opened, and the fields before it (see `kept`).
         let mut opened = None;

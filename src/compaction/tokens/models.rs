@@ -47,7 +47,9 @@ pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
         std::borrow::Cow::Borrowed(model)
     };
     let lower = lower.as_ref();
-    let bare = lower.rsplit('/').next().unwrap_or(lower);
+    // A byte loop: model names are short, a searcher's setup costs more.
+    let slash = lower.bytes().rposition(|b| b == b'/');
+    let bare = slash.map_or(lower, |slash| &lower[slash + 1..]);
     // Patterns are compared lowercased; most already are.
     let matches = |pattern: &str| {
         let p = if pattern.bytes().any(|b| b.is_ascii_uppercase()) {

@@ -59,6 +59,56 @@ pub enum Sending {
     UntilClose,
 }
 
+/// Which of the headers that frame a message or its connection a head carries, found in
+/// one pass over its names (most heads carry few of them; a lookup each would hash
+/// every name).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Framers(u64);
+
+impl Framers {
+    /// `Transfer-Encoding`, `Content-Length`, `Connection`, `Expect`, `Date`, in bit order.
+    const NAMES: [HeaderName; 5] = [
+        header::TRANSFER_ENCODING,
+        header::CONTENT_LENGTH,
+        header::CONNECTION,
+        header::EXPECT,
+        header::DATE,
+    ];
+
+    /// The framing headers `headers` carries.
+    pub(super) fn of(headers: &HeaderMap) -> Self {
+        Self(crate::http::headers::present(headers, &Self::NAMES))
+    }
+    /// It carries `Transfer-Encoding`.
+    pub(super) fn transfer_encoding(self) -> bool {
+        self.0 & 1 != 0
+    }
+    /// It carries `Content-Length`.
+    pub(super) fn content_length(self) -> bool {
+        self.0 & 2 != 0
+    }
+    /// It carries `Connection`.
+    pub(super) fn connection(self) -> bool {
+        self.0 & 4 != 0
+    }
+    /// It carries `Expect`.
+    pub(super) fn expect(self) -> bool {
+        self.0 & 8 != 0
+    }
+    /// It carries `Date`.
+    pub(super) fn date(self) -> bool {
+        self.0 & 16 != 0
+    }
+    /// [`connection_kept`], without a lookup when there is no `Connection` header.
+    pub(super) fn connection_kept(self, version: Version, headers: &HeaderMap) -> bool {
+        if self.connection() {
+            connection_kept(version, headers)
+        } else {
+            version != Version::HTTP_10
+        }
+    }
+}
+
 /// Where a head's header lines lie (names and values as offsets into it), kept while
 /// the head is split off its buffer, so that the values share the head's bytes.
 pub(super) struct HeaderSpans {
@@ -110,11 +160,15 @@ pub fn request_framing(
     ended: bool,
     exact: Option<u64>,
 ) -> (Sending, Option<u64>) {
+    let framers = Framers::of(headers);
     if ended {
-        headers.remove(header::TRANSFER_ENCODING);
+        if framers.transfer_encoding() {
+            headers.remove(header::TRANSFER_ENCODING);
+        }
         return (Sending::Length(0), None);
     }
-    if let Some(coding) = headers.get(header::TRANSFER_ENCODING) {
+    let coding = framers.transfer_encoding().then(|| headers.get(header::TRANSFER_ENCODING));
+    if let Some(coding) = coding.flatten() {
         if !last_coding_is_chunked(headers.get_all(header::TRANSFER_ENCODING).iter()) {
             let mut value = coding.as_bytes().to_vec();
             value.extend_from_slice(b", chunked");
@@ -125,21 +179,25 @@ pub fn request_framing(
         headers.remove(header::CONTENT_LENGTH);
         return (Sending::Chunked { trailers: true }, None);
     }
-    if headers.contains_key(header::CONTENT_LENGTH) {
+    if framers.content_length() {
         if let Some(length) = content_length(headers) {
             return (Sending::Length(length), None);
         }
     }
     match exact {
         Some(length) => {
-            headers.remove(header::CONTENT_LENGTH);
+            if framers.content_length() {
+                headers.remove(header::CONTENT_LENGTH);
+            }
             (Sending::Length(length), Some(length))
         }
         None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
             (Sending::Length(0), None)
         }
         None => {
-            headers.remove(header::CONTENT_LENGTH);
+            if framers.content_length() {
+                headers.remove(header::CONTENT_LENGTH);
+            }
             headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
             (Sending::Chunked { trailers: true }, None)
         }
@@ -267,8 +325,9 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
         let spans = HeaderSpans::of(buf, parsed.headers);
         let head = buf.split_to(length).freeze();
         let headers = spans.map(&head).map_err(WireError::Head)?;
-        let (framing, mut keep_alive) = framing(method, status, version, &headers)?;
-        keep_alive &= connection_kept(version, &headers);
+        let framers = Framers::of(&headers);
+        let (framing, mut keep_alive) = framing(method, status, version, &headers, framers)?;
+        keep_alive &= framers.connection_kept(version, &headers);
         let mut response = Response::new(());
         if let Some(reason) = reason {
             response.extensions_mut().insert(reason);
@@ -287,6 +346,7 @@ fn framing(
     status: StatusCode,
     version: Version,
     headers: &HeaderMap,
+    framers: Framers,
 ) -> Result<(Framing, bool), WireError> {
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Ok((Framing::Empty, false));
@@ -297,14 +357,14 @@ fn framing(
     {
         return Ok((Framing::Empty, true));
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if framers.transfer_encoding() {
         // With a Content-Length beside it, the message was meant to confuse: never reuse.
-        let kept = !headers.contains_key(header::CONTENT_LENGTH);
+        let kept = !framers.content_length();
         let chunked = version == Version::HTTP_11
             && last_coding_is_chunked(headers.get_all(header::TRANSFER_ENCODING).iter());
         return Ok(if chunked { (Framing::Chunked, kept) } else { (Framing::Close, false) });
     }
-    if headers.contains_key(header::CONTENT_LENGTH) {
+    if framers.content_length() {
         let length = content_length(headers).ok_or(WireError::ContentLength)?;
         return Ok((Framing::Length(length), true));
     }

@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
-use super::codec::{self, Framing, HeaderSpans, MAX_HEAD, MAX_HEADERS, Sending};
+use super::codec::{self, Framers, Framing, HeaderSpans, MAX_HEAD, MAX_HEADERS, Sending};
 
 /// Why a request head was refused; each answers with its own status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -91,10 +91,12 @@ pub fn parse_request_head(buf: &mut BytesMut) -> Result<Option<RequestHead>, Hea
         .map_err(|_| HeadError::Malformed("target"))?;
     // With room for what foldgate adds before forwarding (the request id).
     let mut headers = spans.map(&head).map_err(HeadError::Malformed)?;
-    let framing = request_framing(version, &mut headers)?;
-    let keep_alive = codec::connection_kept(version, &headers);
+    let framers = Framers::of(&headers);
+    let framing = request_framing(version, &mut headers, framers)?;
+    let keep_alive = framers.connection_kept(version, &headers);
     let expects_continue = version == Version::HTTP_11
         && framing != Framing::Length(0)
+        && framers.expect()
         && headers
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
@@ -109,8 +111,12 @@ pub fn parse_request_head(buf: &mut BytesMut) -> Result<Option<RequestHead>, Hea
 /// The request body's framing (RFC 9112 §6.3). A `Content-Length` beside
 /// `Transfer-Encoding` is removed: the chunks decide, and nothing downstream may read
 /// the length as the body's.
-fn request_framing(version: Version, headers: &mut HeaderMap) -> Result<Framing, HeadError> {
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+fn request_framing(
+    version: Version,
+    headers: &mut HeaderMap,
+    framers: Framers,
+) -> Result<Framing, HeadError> {
+    if framers.transfer_encoding() {
         if version == Version::HTTP_10 {
             return Err(HeadError::Malformed("transfer-encoding in an HTTP/1.0 request"));
         }
@@ -120,7 +126,7 @@ fn request_framing(version: Version, headers: &mut HeaderMap) -> Result<Framing,
         headers.remove(header::CONTENT_LENGTH);
         return Ok(Framing::Chunked);
     }
-    if !headers.contains_key(header::CONTENT_LENGTH) {
+    if !framers.content_length() {
         return Ok(Framing::Length(0));
     }
     codec::content_length(headers)
@@ -185,9 +191,9 @@ pub fn response_head(
     exact: Option<u64>,
 ) -> ResponseHead {
     let mut keep_alive = answering.keep_alive;
-    if headers.contains_key(header::CONNECTION)
-        && !codec::connection_kept(Version::HTTP_11, headers)
-    {
+    // Removing Transfer-Encoding or Content-Length below leaves the other names as found.
+    let framers = Framers::of(headers);
+    if !framers.connection_kept(Version::HTTP_11, headers) {
         keep_alive = false;
     }
     let bodiless = status.is_informational()
@@ -201,7 +207,7 @@ pub fn response_head(
             headers.remove(header::CONTENT_LENGTH);
         }
         Sending::Length(0)
-    } else if headers.contains_key(header::TRANSFER_ENCODING) {
+    } else if framers.transfer_encoding() {
         // The response's own coding: chunked stays last; an HTTP/1.0 client cannot
         // read chunks, so it gets the bytes until the close instead.
         headers.remove(header::CONTENT_LENGTH);
@@ -224,7 +230,9 @@ pub fn response_head(
             }
             Sending::Chunked { trailers: answering.trailers }
         }
-    } else if let Some(length) = declared_length(headers) {
+    } else if let Some(length) =
+        framers.content_length().then(|| declared_length(headers)).flatten()
+    {
         Sending::Length(length)
     } else if let Some(length) = exact.or(ended.then_some(0)) {
         if !(answering.head && length == 0) {
@@ -242,11 +250,9 @@ pub fn response_head(
     if status == StatusCode::SWITCHING_PROTOCOLS {
         keep_alive = false;
     }
-    extra.close = !keep_alive
-        && status != StatusCode::SWITCHING_PROTOCOLS
-        && !headers.contains_key(header::CONNECTION);
-    extra.keep_alive = keep_alive && old_client && !headers.contains_key(header::CONNECTION);
-    extra.date = !headers.contains_key(header::DATE);
+    extra.close = !keep_alive && status != StatusCode::SWITCHING_PROTOCOLS && !framers.connection();
+    extra.keep_alive = keep_alive && old_client && !framers.connection();
+    extra.date = !framers.date();
     let bytes = encode(status, reason, headers, &extra);
     ResponseHead { bytes, sending, keep_alive }
 }
@@ -254,9 +260,6 @@ pub fn response_head(
 /// The `Content-Length` the headers state, when they state one valid length; an invalid
 /// one is removed (the body's own size decides then).
 fn declared_length(headers: &mut HeaderMap) -> Option<u64> {
-    if !headers.contains_key(header::CONTENT_LENGTH) {
-        return None;
-    }
     let length = codec::content_length(headers);
     if length.is_none() {
         headers.remove(header::CONTENT_LENGTH);
