@@ -4,31 +4,33 @@
 //! that call takes the plain fast path only for blocks up to 1 KiB whose page has a free
 //! block at hand; anything larger (a body buffer, a header map's entries) goes through
 //! its over-allocating path, about 170 instructions more each, ten times per proxied
-//! request. Every mimalloc block is word aligned (block sizes are whole words, pages
-//! start aligned), so a layout that asks for no more than a word's alignment is served
-//! by `mi_malloc` itself; only stricter alignments go to the aligned calls.
+//! request. mimalloc aligns every block to a word, and every block of 16 bytes or more
+//! to 16 (`MI_MAX_ALIGN_SIZE`: sizes are rounded to two words on 64-bit targets), so a
+//! layout asking for no more than that (and no more than its size) is served by
+//! `mi_malloc` itself; only stricter alignments go to the aligned calls.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
 
 use libmimalloc_sys as mi;
 
-/// The alignment every mimalloc block has.
-const WORD: usize = std::mem::size_of::<usize>();
+/// The alignment mimalloc gives every block at least this large (`MI_MAX_ALIGN_SIZE`).
+const MAX_ALIGN: usize = 16;
 
-/// mimalloc as a [`GlobalAlloc`], with word-aligned layouts on its plain calls.
+/// mimalloc as a [`GlobalAlloc`], with layouts its blocks already satisfy on its plain
+/// calls.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Allocator;
 
-/// True when `mi_malloc(size)` already gives `align`: at most a word, and no more than
-/// the size (a block smaller than its alignment may share a word with no such promise).
+/// True when `mi_malloc(size)` already gives `align`: at most 16, and no more than the
+/// size (a block of 8 bytes is only word aligned).
 #[inline]
 fn plain(align: usize, size: usize) -> bool {
-    align <= WORD && align <= size
+    align <= MAX_ALIGN && align <= size
 }
 
 // SAFETY: every call forwards to mimalloc, which returns null or a block of at least
-// `size` bytes aligned as asked: by `mi_*_aligned`, or by `mi_malloc`'s word alignment
+// `size` bytes aligned as asked: by `mi_*_aligned`, or by `mi_malloc`'s own alignment
 // when `plain` holds. Blocks from either are freed and reallocated by the same heap.
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
@@ -64,7 +66,7 @@ unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: `ptr` came from this allocator with `layout`; the new block keeps its
-        // alignment (word alignment, or asked for explicitly).
+        // alignment (mimalloc's own, or asked for explicitly).
         unsafe {
             if plain(layout.align(), new_size) {
                 mi::mi_realloc(ptr.cast::<c_void>(), new_size).cast()

@@ -218,11 +218,35 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    match Limited::new(body, limit, progress.clone()).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(_) if progress.exceeded() => Err(ReadError::TooLarge { limit }),
-        Err(e) => Err(ReadError::Body(e.to_string())),
+    let mut body = std::pin::pin!(Limited::new(body, limit, progress.clone()));
+    // Most bodies come as one frame: it is the body, not copied. Others are joined.
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    loop {
+        let frame = match body.as_mut().frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(_)) if progress.exceeded() => return Err(ReadError::TooLarge { limit }),
+            Some(Err(e)) => return Err(ReadError::Body(e.to_string())),
+        };
+        // Trailers are not part of the body's bytes.
+        if let Ok(data) = frame.into_data() {
+            match (&mut first, &mut joined) {
+                (None, None) => first = Some(data),
+                (Some(_), None) => {
+                    let mut all = bytes::BytesMut::from(first.take().unwrap_or_default());
+                    all.extend_from_slice(&data);
+                    joined = Some(all);
+                }
+                (_, Some(all)) => all.extend_from_slice(&data),
+            }
+        }
+        // A body that knows its end is not polled again to hear it.
+        if body.is_end_stream() {
+            break;
+        }
     }
+    Ok(joined.map_or_else(|| first.unwrap_or_default(), bytes::BytesMut::freeze))
 }
 
 /// Why a body could not be read whole.

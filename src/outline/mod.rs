@@ -31,20 +31,20 @@ pub struct Outline<'a> {
     resumed: Option<Resumed>,
     /// Where this outline was kept for the bodies that continue it.
     kept_at: Option<kept::KeptAt>,
-    /// Where the `model` field's name lies, once looked for (the decision, the budget
-    /// and the session key all ask for it).
-    model: std::cell::OnceCell<ModelAt>,
+    /// The `model` field's name, found with the fields (the decision, the budget and
+    /// the session key all ask for it).
+    model: ModelAt<'a>,
 }
 
 /// Where a body's model name lies.
 #[derive(Debug, Clone)]
-enum ModelAt {
-    /// No `model` field.
+enum ModelAt<'a> {
+    /// No `model` field, or one that is not a string.
     Absent,
-    /// A string without escapes: the name is these bytes.
-    Plain(Range<usize>),
-    /// Anything else: the field's value is parsed.
-    Raw(Range<usize>),
+    /// A string without escapes: the name is its text, checked once.
+    Plain(&'a str),
+    /// Anything else: the field's raw value, parsed each time.
+    Raw(&'a [u8]),
 }
 
 /// What the body holds: its fields and messages (not how it was scanned, which a kept
@@ -55,6 +55,23 @@ impl std::fmt::Debug for Outline<'_> {
             .field("fields", &self.fields)
             .field("messages", &self.messages)
             .finish_non_exhaustive()
+    }
+}
+
+/// The `model` among a body's top-level `fields` (the last of duplicates, as with a
+/// parser).
+fn find_model<'a>(fields: &[(&'a [u8], Range<usize>)], body: &'a [u8]) -> ModelAt<'a> {
+    let Some((_, range)) = fields.iter().rev().find(|(key, _)| *key == b"model") else {
+        return ModelAt::Absent;
+    };
+    let raw = &body[range.clone()];
+    // A name without escapes is its bytes between the quotes.
+    let plain = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\""));
+    let plain = plain.filter(|inner| !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20));
+    match plain.map(std::str::from_utf8) {
+        Some(Ok(name)) => ModelAt::Plain(name),
+        Some(Err(_)) => ModelAt::Absent,
+        None => ModelAt::Raw(raw),
     }
 }
 
@@ -165,14 +182,8 @@ impl<'a> Outline<'a> {
             return None;
         }
         let messages = messages.unwrap_or_default();
-        let mut outline = Self {
-            body,
-            fields,
-            messages,
-            resumed: agreed,
-            kept_at: None,
-            model: std::cell::OnceCell::new(),
-        };
+        let model = find_model(&fields, body);
+        let mut outline = Self { body, fields, messages, resumed: agreed, kept_at: None, model };
         if let (Some((opened, before)), Some(shared)) = (opened, shared) {
             outline.kept_at = kept::keep(&outline, shared, opened, before);
         }
@@ -204,26 +215,10 @@ impl<'a> Outline<'a> {
 
     /// The `model` field: borrowed from the body unless it has escapes.
     pub fn model(&self) -> Option<Cow<'a, str>> {
-        let body = self.body;
-        match self.model.get_or_init(|| self.find_model()) {
+        match self.model {
             ModelAt::Absent => None,
-            ModelAt::Plain(name) => {
-                std::str::from_utf8(&body[name.clone()]).ok().map(Cow::Borrowed)
-            }
-            ModelAt::Raw(raw) => {
-                serde_json::from_slice::<String>(&body[raw.clone()]).ok().map(Cow::Owned)
-            }
-        }
-    }
-
-    fn find_model(&self) -> ModelAt {
-        let Some(raw) = self.field("model") else { return ModelAt::Absent };
-        let start = raw.as_ptr() as usize - self.body.as_ptr() as usize;
-        // A name without escapes is its bytes between the quotes.
-        let plain = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\""));
-        match plain.filter(|inner| !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20)) {
-            Some(inner) => ModelAt::Plain(start + 1..start + 1 + inner.len()),
-            None => ModelAt::Raw(start..start + raw.len()),
+            ModelAt::Plain(name) => Some(Cow::Borrowed(name)),
+            ModelAt::Raw(raw) => serde_json::from_slice::<String>(raw).ok().map(Cow::Owned),
         }
     }
 
