@@ -67,7 +67,7 @@ pub fn build_request(
     body: ProxyBody,
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let uri = upstream
-        .target_uri(uri.path(), uri.query())
+        .target_of(uri)
         .map_err(|e| ProxyError::UpstreamUnreachable(format!("cannot build upstream URI: {e}")))?;
     strip_hop_by_hop(&mut headers);
     // Traces exported: the upstream's parent span is foldgate's, not the client's.

@@ -116,6 +116,19 @@ impl Upstream {
         Ok(Uri::from(path_and_query))
     }
 
+    /// [`Upstream::target_uri`] of a client's request URI: the URI itself (shared, not
+    /// built again) when the upstream's path is the client's, as with an upstream whose
+    /// base path is `/v1` (OpenAI's) or empty (Anthropic's).
+    pub fn target_of(&self, uri: &Uri) -> Result<Uri, http::Error> {
+        let path = uri.path();
+        let same = if self.keep_v1 { self.base_path.is_empty() } else { self.base_path == "/v1" };
+        let origin_form = uri.scheme().is_none() && uri.authority().is_none();
+        if same && origin_form && path.starts_with("/v1") {
+            return Ok(uri.clone());
+        }
+        self.target_uri(path, uri.query())
+    }
+
     /// The upstream's URL for foldgate's `path` as a WebSocket URL (`ws://`, or `wss://`
     /// for an `https` upstream).
     pub fn websocket_url(&self, path: &str) -> Option<String> {
@@ -191,6 +204,42 @@ mod tests {
         let u = upstream("http://127.0.0.1:9");
         assert_eq!(u.target_uri("/v1/models", None).unwrap().to_string(), "/models");
         assert_eq!(u.target_uri("/v1", None).unwrap().to_string(), "/");
+    }
+
+    #[test]
+    fn a_clients_uri_maps_as_its_path_and_query_do() {
+        let anthropic = |url: &str| {
+            Upstream::anthropic(&UpstreamConfig {
+                anthropic_url: url.to_owned(),
+                ..UpstreamConfig::default()
+            })
+            .unwrap()
+        };
+        let upstreams = [
+            upstream("https://api.openai.com/v1"),
+            upstream("https://openrouter.ai/api/v1"),
+            upstream("http://127.0.0.1:9"),
+            upstream("http://127.0.0.1:9/v1/"),
+            anthropic("https://api.anthropic.com"),
+            anthropic("http://gateway.local/anthropic/"),
+        ];
+        let uris = [
+            "/v1/chat/completions",
+            "/v1/responses?stream=true",
+            "/v1",
+            "/v1x/a",
+            "/other",
+            "http://foldgate.local/v1/chat/completions?a=1",
+        ];
+        for u in &upstreams {
+            for uri in uris {
+                let uri: Uri = uri.parse().unwrap();
+                let built = u.target_uri(uri.path(), uri.query()).ok();
+                let target = u.target_of(&uri).ok();
+                assert_eq!(target, built, "{} {uri}", u.name());
+                assert!(target.is_none_or(|t| t.scheme().is_none() && t.authority().is_none()));
+            }
+        }
     }
 
     #[test]

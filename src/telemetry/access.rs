@@ -77,7 +77,10 @@ fn format(out: &mut String, format: LogFormat, secs: u64, micros: u32, line: &Ac
             millis(out, line.duration_us);
             out.push_str(" request_id=");
             out.push_str(line.request_id);
-            let _ = write!(out, " outcome={:?}", line.outcome);
+            // As `{:?}` writes it: the outcomes are plain words, nothing to escape.
+            out.push_str(" outcome=\"");
+            out.push_str(line.outcome);
+            out.push('"');
         }
         LogFormat::Json => {
             out.push_str("{\"timestamp\":\"");
@@ -94,7 +97,9 @@ fn format(out: &mut String, format: LogFormat, secs: u64, micros: u32, line: &Ac
             json_string(out, line.request_id);
             out.push_str(",\"outcome\":");
             json_string(out, line.outcome);
-            let _ = write!(out, ",\"target\":\"{TARGET}\"}}");
+            out.push_str(",\"target\":\"");
+            out.push_str(TARGET);
+            out.push_str("\"}");
         }
     }
     out.push('\n');
