@@ -1,12 +1,9 @@
 //! The router: local endpoints (and each tenant's session inspector under
 //! `/foldgate/`), then the OpenAI API under `/v1/`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 
-use futures_util::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body::Body as _;
 
@@ -20,7 +17,7 @@ use super::record::{self, Operation, Record};
 use super::trace::{self, in_span};
 use super::upstream::Upstream;
 use super::websocket::WebSockets;
-use super::wire::server::ClientBody;
+use super::wire::server::{ClientBody, ClientService};
 use crate::metrics::{Metrics, Route};
 
 /// What every request handler shares.
@@ -56,18 +53,14 @@ impl Router {
     }
 }
 
-impl tower::Service<Request<ClientBody>> for Router {
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<ProxyBody>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
+impl ClientService for Router {
+    fn call(
+        &mut self,
+        request: Request<ClientBody>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + use<> {
         let state = self.state.clone();
-        Box::pin(async move {
+        // Not boxed: the connection's task holds the request's future where it is made.
+        async move {
             let has_body = !request.body().is_end_stream();
             let progress = Arc::new(BodyProgress::default());
             let (route, result) = dispatch(&state, request, &progress).await;
@@ -78,8 +71,8 @@ impl tower::Service<Request<ClientBody>> for Router {
             if has_body && !progress.ended() {
                 response.extensions_mut().insert(UnreadBody);
             }
-            Ok(response)
-        })
+            response
+        }
     }
 }
 

@@ -10,12 +10,11 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceBuilder;
 
 use super::deadline::Deadlines;
 use super::exchange::CompactedRoutes;
 use super::inspect::admin::{self, Admin};
-use super::layers::{AccessLogLayer, RequestIdLayer};
+use super::layers::{AccessLog, RequestIds};
 use super::linger::LINGER_SLACK;
 use super::routes::{AppState, Router};
 use super::upstream::{Upstream, UpstreamSetupError};
@@ -211,14 +210,11 @@ impl Server {
         // 0. The HTTP/1.1 connection (`wire::server`): on a response marked `UnreadBody`
         //    by the router (answered before the request body's end) it says
         //    `connection: close` and closes lingering (see `linger`).
-        // 1. RequestIdLayer: takes or makes `x-request-id`, sets it on the request, sends
-        //    it upstream (as a request header) and back (as a response header).
-        // 2. AccessLogLayer: one line per request when the response body ends.
+        // 1. RequestIds: takes or makes `x-request-id`, sets it on the request, sends it
+        //    upstream (as a request header) and back (as a response header).
+        // 2. AccessLog: one line per request when the response body ends.
         // 3. Router: local endpoints, or the OpenAI API under /v1/.
-        let service = ServiceBuilder::new()
-            .layer(RequestIdLayer)
-            .layer(AccessLogLayer)
-            .service(Router::new(self.state.clone()));
+        let service = RequestIds::new(AccessLog::new(Router::new(self.state.clone())));
         // The per-request timeouts (request head, upstream first byte) are this thread's
         // coarse deadlines, ticked by `pace_timers`.
         let ticking = Deadlines::install();

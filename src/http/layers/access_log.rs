@@ -11,38 +11,27 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 
 use super::request_id::X_REQUEST_ID;
 use crate::http::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
+use crate::http::wire::server::{ClientBody, ClientService};
 use crate::telemetry::access::{self, AccessLine};
 
-/// Adds the access log to a service.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AccessLogLayer;
-
-impl<S> tower::Layer<S> for AccessLogLayer {
-    type Service = AccessLog<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        AccessLog { inner }
-    }
-}
-
-/// See [`AccessLogLayer`].
+/// The access log around a service.
 #[derive(Debug, Clone)]
 pub struct AccessLog<S> {
     inner: S,
 }
 
-impl<S, B> tower::Service<Request<B>> for AccessLog<S>
-where
-    S: tower::Service<Request<B>, Response = Response<ProxyBody>>,
-{
-    type Response = Response<ProxyBody>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+impl<S> AccessLog<S> {
+    /// `inner`, its requests logged.
+    pub fn new(inner: S) -> Self {
+        Self { inner }
     }
+}
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+impl<S: ClientService> ClientService for AccessLog<S> {
+    fn call(
+        &mut self,
+        request: Request<ClientBody>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
         // At a level that drops access lines, the body is not watched at all.
         if !tracing::enabled!(tracing::Level::INFO) {
             return ResponseFuture { inner: self.inner.call(request), record: None };
@@ -62,7 +51,7 @@ where
 
 pin_project_lite::pin_project! {
     /// Response future of [`AccessLog`]: the inner service's, its answer's body watched
-    /// for the line (not boxed: the request's whole future would be copied into the box).
+    /// for the line.
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
@@ -70,23 +59,20 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<ProxyBody>, E>>,
-{
-    type Output = Result<Response<ProxyBody>, E>;
+impl<F: Future<Output = Response<ProxyBody>>> Future for ResponseFuture<F> {
+    type Output = Response<ProxyBody>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let response = ready!(this.inner.poll(cx))?;
-        Poll::Ready(Ok(match this.record.take() {
+        let response = ready!(this.inner.poll(cx));
+        Poll::Ready(match this.record.take() {
             Some(record) => {
                 let record = Record { status: response.status(), ..record };
                 response
                     .map(|body| http_body_util::BodyExt::boxed_unsync(Observed::new(body, record)))
             }
             None => response,
-        }))
+        })
     }
 }
 

@@ -1,7 +1,8 @@
-//! Tower middleware, one file each, in tower-http naming (`Foo<S>`, `FooLayer`).
+//! What wraps the router for every request, one file each: `Foo<S>` around a
+//! [`ClientService`](super::wire::server::ClientService) `S`.
 
 pub mod access_log;
 pub mod request_id;
 
-pub use access_log::AccessLogLayer;
-pub use request_id::RequestIdLayer;
+pub use access_log::AccessLog;
+pub use request_id::RequestIds;

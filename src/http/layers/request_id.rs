@@ -12,42 +12,33 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderName, HeaderValue, Request, Response};
 
+use crate::http::body::ProxyBody;
+use crate::http::wire::server::{ClientBody, ClientService};
+
 /// The request id header: sent upstream with foldgate's id, returned with the upstream's.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// foldgate's own id of the request, on every response.
 pub static X_FOLDGATE_REQUEST_ID: HeaderName = HeaderName::from_static("x-foldgate-request-id");
 
-/// Adds [`RequestId`] handling to a service.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestIdLayer;
-
-impl<S> tower::Layer<S> for RequestIdLayer {
-    type Service = RequestIdService<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        RequestIdService { inner }
-    }
-}
-
-/// See [`RequestIdLayer`].
+/// Request ids around a service (see the module).
 #[derive(Debug, Clone)]
-pub struct RequestIdService<S> {
+pub struct RequestIds<S> {
     inner: S,
 }
 
-impl<S, B, R> tower::Service<Request<B>> for RequestIdService<S>
-where
-    S: tower::Service<Request<B>, Response = Response<R>>,
-{
-    type Response = Response<R>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+impl<S> RequestIds<S> {
+    /// `inner`, its requests and answers given ids.
+    pub fn new(inner: S) -> Self {
+        Self { inner }
     }
+}
 
-    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+impl<S: ClientService> ClientService for RequestIds<S> {
+    fn call(
+        &mut self,
+        mut request: Request<ClientBody>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
         let id = request
             .headers()
             .get(&X_REQUEST_ID)
@@ -60,8 +51,8 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// Response future of [`RequestIdService`]: the inner service's, its answer tagged
-    /// with the id (not boxed: the request's whole future would be copied into the box).
+    /// Response future of [`RequestIds`]: the inner service's, its answer tagged with
+    /// the id.
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
@@ -69,15 +60,12 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F, R, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<R>, E>>,
-{
-    type Output = Result<Response<R>, E>;
+impl<F: Future<Output = Response<ProxyBody>>> Future for ResponseFuture<F> {
+    type Output = Response<ProxyBody>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut response = ready!(this.inner.poll(cx))?;
+        let mut response = ready!(this.inner.poll(cx));
         if let Some(id) = this.id.take() {
             let headers = response.headers_mut();
             headers.insert(X_FOLDGATE_REQUEST_ID.clone(), id.clone());
@@ -85,7 +73,7 @@ where
                 headers.insert(X_REQUEST_ID.clone(), id);
             }
         }
-        Poll::Ready(Ok(response))
+        Poll::Ready(response)
     }
 }
 

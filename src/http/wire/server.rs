@@ -56,30 +56,41 @@ pub struct Settings {
     pub max_drain: u64,
 }
 
-/// What serves the requests of a connection: the tower stack, answering every request
-/// (errors are answers too).
-pub trait ClientService:
-    Service<
-        Request<ClientBody>,
-        Response = Response<ProxyBody>,
-        Error = Infallible,
-        Future: Send + 'static,
-    > + Clone
-    + Send
-    + 'static
-{
+/// What serves the requests of a connection: the layers around the router, answering
+/// every request (errors are answers too). Its future is held where the connection
+/// awaits it, not boxed: a request's future is kilobytes, copied whole into a box.
+pub trait ClientService: Clone + Send + 'static {
+    /// The answer to `request`.
+    fn call(
+        &mut self,
+        request: Request<ClientBody>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + use<Self>;
 }
 
-impl<S> ClientService for S where
-    S: Service<
-            Request<ClientBody>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-            Future: Send + 'static,
-        > + Clone
+/// A `tower` service answering every request, as a [`ClientService`].
+#[derive(Debug, Clone)]
+pub struct Tower<S>(pub S);
+
+impl<S> ClientService for Tower<S>
+where
+    S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
+        + Clone
         + Send
-        + 'static
+        + 'static,
+    S::Future: Send + 'static,
 {
+    fn call(
+        &mut self,
+        request: Request<ClientBody>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
+        let answer = self.0.call(request);
+        async move {
+            match answer.await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        }
+    }
 }
 
 /// A client's socket, shared by its connection's task, the request body being read
@@ -128,18 +139,12 @@ impl Socket {
 /// Serves one client connection until it closes, fails, is idle past the head timeout,
 /// or `stop` is cancelled (then the request in flight is answered, with
 /// `connection: close`, and the connection ends).
-pub async fn serve<S>(
+pub async fn serve<S: ClientService>(
     stream: TcpStream,
     mut service: S,
     settings: Settings,
     stop: CancellationToken,
-) where
-    S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+) {
     let socket = Arc::new(Socket { stream, returned: Mutex::new(None) });
     let mut buf = BytesMut::new();
     let mut first = true;
@@ -205,8 +210,7 @@ pub async fn serve<S>(
         // with it whatever it was waiting for upstream).
         let mut call = pin!(service.call(request));
         let response = poll_fn(|cx| match call.as_mut().poll(cx) {
-            Poll::Ready(Ok(response)) => Poll::Ready(Some(response)),
-            Poll::Ready(Err(never)) => match never {},
+            Poll::Ready(response) => Poll::Ready(Some(response)),
             Poll::Pending if watch.poll_gone(&socket, &mut buf, cx) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         })
@@ -460,7 +464,8 @@ async fn serve_http2<S: ClientService>(
 ) {
     let io = TokioIo::new(ClientIo { prefix: buf.freeze(), socket });
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-        service.clone().call(request.map(ClientBody::Hyper))
+        let answer = service.clone().call(request.map(ClientBody::Hyper));
+        async move { Ok::<_, Infallible>(answer.await) }
     });
     let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(io, service);
@@ -757,11 +762,15 @@ mod tests {
     use super::*;
     use crate::http::body::full;
 
-    /// A server of `service` on a loopback port; its stop token.
-    async fn listen(
-        service: impl ClientService,
+    /// A server of the `tower` service `service` on a loopback port; its stop token.
+    async fn listen<S>(
+        service: S,
         head_timeout: Duration,
-    ) -> (std::net::SocketAddr, CancellationToken) {
+    ) -> (std::net::SocketAddr, CancellationToken)
+    where
+        Tower<S>: ClientService,
+    {
+        let service = Tower(service);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
