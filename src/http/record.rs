@@ -164,8 +164,14 @@ impl Record {
             headers.insert(SESSION, value);
         }
         if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
-            headers.insert(TOKENS_BEFORE, HeaderValue::from(*tokens_before));
-            headers.insert(TOKENS_AFTER, HeaderValue::from(*tokens_after));
+            let before = HeaderValue::from(*tokens_before);
+            // Most requests go unchanged: the same count, shared instead of made twice.
+            let after = match tokens_after == tokens_before {
+                true => before.clone(),
+                false => HeaderValue::from(*tokens_after),
+            };
+            headers.insert(TOKENS_BEFORE, before);
+            headers.insert(TOKENS_AFTER, after);
             headers.insert(TIER, HeaderValue::from_static(tier.as_str()));
         }
         if !decision.fold_wait.is_zero() {

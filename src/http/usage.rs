@@ -301,10 +301,7 @@ fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     // Most answers end with their usage (chat completions, Messages, Responses): found
     // from the end, only the model is looked for from the start. The answer's text, in
     // between, is not walked.
-    // Built once: a searcher's setup costs more than the search.
-    static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
-    if let Some(start) = last_key_value_start(json, &USAGE) {
+    if let Some(start) = last_key_value_start(json, b"\"usage\"") {
         // Read as it is walked: the object is not walked once more to find its end,
         // except when it does not read as usage (then only its place decides).
         let read = usage_fields_end(&json[start..]).map(|(usage, len)| (usage, start + len));
@@ -340,10 +337,7 @@ fn usage_in_members(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
 /// string would have to be followed by punctuation), so the key found is a key; and an
 /// object that closes where the text ends is the outermost one.
 #[cfg(test)]
-fn last_member_from_end<'a>(
-    json: &'a [u8],
-    quoted_key: &memchr::memmem::FinderRev<'_>,
-) -> Option<&'a [u8]> {
+fn last_member_from_end<'a>(json: &'a [u8], quoted_key: &[u8]) -> Option<&'a [u8]> {
     let start = last_key_value_start(json, quoted_key)?;
     let end = value_end(json, start)?;
     closes_outermost(json, end).then(|| &json[start..end])
@@ -352,17 +346,34 @@ fn last_member_from_end<'a>(
 /// Where the value of the last occurrence of `quoted_key` in `json` starts, when that
 /// occurrence is a key (unescaped, followed by a colon); see [`closes_outermost`] for
 /// whether it is a member of the outermost object.
-fn last_key_value_start(json: &[u8], quoted_key: &memchr::memmem::FinderRev<'_>) -> Option<usize> {
-    let at = quoted_key.rfind(json)?;
+fn last_key_value_start(json: &[u8], quoted_key: &[u8]) -> Option<usize> {
+    let at = rfind_quoted(json, quoted_key)?;
     let backslashes = json[..at].iter().rev().take_while(|&&b| b == b'\\').count();
     if backslashes % 2 == 1 {
         return None;
     }
-    let i = skip_space(json, at + quoted_key.needle().len());
+    let i = skip_space(json, at + quoted_key.len());
     if json.get(i) != Some(&b':') {
         return None;
     }
     Some(skip_space(json, i + 1))
+}
+
+/// Where the last occurrence of `quoted` (a key with its quotes) in `json` starts, found
+/// from the end quote by quote: the key sits a few dozen bytes from the end of most
+/// answers, closer than a substring searcher's setup pays for.
+fn rfind_quoted(json: &[u8], quoted: &[u8]) -> Option<usize> {
+    let (&last, _) = quoted.split_last()?;
+    let mut end = json.len();
+    while let Some(i) = memchr::memrchr(last, &json[..end]) {
+        if let Some(start) = (i + 1).checked_sub(quoted.len()) {
+            if &json[start..=i] == quoted {
+                return Some(start);
+            }
+        }
+        end = i;
+    }
+    None
 }
 
 /// True when only whole members and the closing brace of an object that ends the text
@@ -797,13 +808,21 @@ mod tests {
             let json = format!("{quoted}{after}");
             proptest::prop_assert_eq!(string_end(json.as_bytes(), 0), Some(quoted.len()));
         }
+
+        /// The last occurrence found quote by quote is the last occurrence.
+        #[test]
+        fn the_last_key_found_from_the_end_is_the_last(text in "[\"usage:a]{0,60}") {
+            let key = b"\"usage\"";
+            let naive = text.as_bytes().windows(key.len()).rposition(|w| w == key);
+            proptest::prop_assert_eq!(rfind_quoted(text.as_bytes(), key), naive);
+        }
     }
 
     #[test]
     fn usage_found_from_the_end_only_at_the_top() {
         let top = br#"{"id":"c","model":"m","choices":[{"usage":{"prompt_tokens":1}}],"usage":{"prompt_tokens":9},"x":[1,{"a":"}"}]}"#;
-        let usage = memchr::memmem::FinderRev::new(b"\"usage\"");
-        assert_eq!(last_member_from_end(top, &usage), Some(&br#"{"prompt_tokens":9}"#[..]));
+        let usage = b"\"usage\"";
+        assert_eq!(last_member_from_end(top, usage), Some(&br#"{"prompt_tokens":9}"#[..]));
         assert_eq!(usage_in(top).unwrap().0.prompt, 9);
         for nested in [
             &br#"{"a":{"usage":{"prompt_tokens":1}}}"#[..],
@@ -811,7 +830,7 @@ mod tests {
             br#"{"a":"x\"usage\":1"}"#,
             br#"[{"usage":1}]"#,
         ] {
-            assert_eq!(last_member_from_end(nested, &usage), None);
+            assert_eq!(last_member_from_end(nested, usage), None);
         }
     }
 
