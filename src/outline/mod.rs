@@ -225,7 +225,17 @@ impl<'a> Outline<'a> {
     /// The reply reserve asked for: `max_completion_tokens`, else `max_tokens`.
     pub fn max_reply_tokens(&self) -> Option<usize> {
         ["max_completion_tokens", "max_tokens"].iter().find_map(|k| {
-            serde_json::from_slice::<u64>(self.field(k)?).ok().and_then(|n| usize::try_from(n).ok())
+            let raw = self.field(k)?;
+            // Plain digits (what clients send) read as they are; anything else as serde
+            // reads a `u64`.
+            let plain = match raw {
+                [b'1'..=b'9', rest @ ..] if rest.len() < 18 && rest.iter().all(u8::is_ascii_digit) => {
+                    Some(raw.iter().fold(0u64, |n, &b| n * 10 + u64::from(b - b'0')))
+                }
+                _ => None,
+            };
+            let n = plain.or_else(|| serde_json::from_slice::<u64>(raw).ok())?;
+            usize::try_from(n).ok()
         })
     }
 
@@ -544,6 +554,18 @@ mod tests {
         // Only what is asked for is read: a broken tail is not seen.
         let first = array_elements(br#"[{"role":"user"}, {"#).next();
         assert_eq!(first, Some(Some(&br#"{"role":"user"}"#[..])));
+    }
+
+    #[test]
+    fn reply_reserves_read_as_serde_reads_a_count() {
+        let numbers = ["0", "7", "50", "05", "-1", "1.0", "1e3", "\"5\"", "null", "true",
+            "99999999999999999", "999999999999999999", "18446744073709551615", "18446744073709551616"];
+        for raw in numbers {
+            let body = format!(r#"{{"model":"m","messages":[],"max_tokens":{raw}}}"#);
+            let outline = Outline::scan(body.as_bytes()).unwrap();
+            let serde = serde_json::from_str::<u64>(raw).ok().and_then(|n| usize::try_from(n).ok());
+            assert_eq!(outline.max_reply_tokens(), serde, "{raw}");
+        }
     }
 
     #[test]

@@ -37,9 +37,55 @@ const BUILTIN: &[(&str, Encoding, usize)] = &[
     ("claude*", Encoding::O200kBase, 200_000),
 ];
 
+/// The model resolved last on this thread by the built-in table and the defaults: its
+/// name, the defaults it was resolved with, and what it resolved to.
+struct LastResolved {
+    model: String,
+    default_encoding: String,
+    default_context_window: usize,
+    spec: ModelSpec,
+}
+
+thread_local! {
+    static LAST: std::cell::RefCell<Option<LastResolved>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Looks a model up: configured entries first, then the built-in table, then the
 /// configured defaults. A provider prefix (`openai/gpt-4o`) is ignored.
+///
+/// This runs for every request: without configured entries, the answer depends only on
+/// the name and the defaults, and the thread's last one is reused when they match.
 pub fn resolve(model: &str, cfg: &CompactionConfig) -> ModelSpec {
+    if !cfg.models.is_empty() {
+        return look_up(model, cfg);
+    }
+    LAST.with_borrow_mut(|last| {
+        if let Some(last) = last.as_ref().filter(|last| {
+            last.model == model
+                && last.default_context_window == cfg.default_context_window
+                && last.default_encoding == cfg.default_encoding
+        }) {
+            return last.spec;
+        }
+        let spec = look_up(model, cfg);
+        let entry = last.get_or_insert_with(|| LastResolved {
+            model: String::new(),
+            default_encoding: String::new(),
+            default_context_window: 0,
+            spec,
+        });
+        entry.model.clear();
+        entry.model.push_str(model);
+        entry.default_encoding.clear();
+        entry.default_encoding.push_str(&cfg.default_encoding);
+        entry.default_context_window = cfg.default_context_window;
+        entry.spec = spec;
+        spec
+    })
+}
+
+/// [`resolve`], from the tables.
+fn look_up(model: &str, cfg: &CompactionConfig) -> ModelSpec {
     // This runs per request: nothing is copied unless something is in uppercase.
     let lower = if model.bytes().any(|b| b.is_ascii_uppercase()) {
         std::borrow::Cow::Owned(model.to_ascii_lowercase())
@@ -113,6 +159,20 @@ mod tests {
         assert_eq!(resolve("gpt-4", &cfg).context_window, 8_192);
         assert_eq!(resolve("openai/gpt-4o", &cfg).context_window, 128_000);
         assert_eq!(resolve("llama-3", &cfg).context_window, cfg.default_context_window);
+    }
+
+    #[test]
+    fn the_last_model_resolved_is_reused_only_with_the_same_defaults() {
+        let mut cfg = CompactionConfig::default();
+        for round in 0..2 {
+            for m in ["gpt-4o", "llama-3", "gpt-4", "llama-3", "LLAMA-3", "openai/gpt-4o"] {
+                assert_eq!(resolve(m, &cfg), look_up(m, &cfg), "{m} {round}");
+            }
+            cfg.default_context_window = 4_096;
+            assert_eq!(resolve("llama-3", &cfg).context_window, 4_096);
+            cfg.default_encoding = "cl100k_base".into();
+            assert_eq!(resolve("llama-3", &cfg).encoding, Encoding::Cl100kBase);
+        }
     }
 
     #[test]
