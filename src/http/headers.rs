@@ -50,16 +50,14 @@ pub fn first_of<'h>(
             headers.get(name).filter(|value| accept(value)).map(|value| (i, value))
         });
     }
-    let mut seen = 0u64;
     let mut first: Option<(usize, &HeaderValue)> = None;
-    for (name, value) in headers {
+    // Each name once (not each value), its first value only when it is one looked for.
+    for name in headers.keys() {
         let Some(i) = names.iter().position(|n| n == name) else { continue };
-        // Only a name's first value counts, as with `get`.
-        if seen & 1 << i != 0 {
+        if first.is_some_and(|(at, _)| at < i) {
             continue;
         }
-        seen |= 1 << i;
-        if first.is_none_or(|(at, _)| i < at) && accept(value) {
+        if let Some(value) = headers.get(name).filter(|value| accept(value)) {
             first = Some((i, value));
         }
     }

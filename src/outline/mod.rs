@@ -229,7 +229,9 @@ impl<'a> Outline<'a> {
             // Plain digits (what clients send) read as they are; anything else as serde
             // reads a `u64`.
             let plain = match raw {
-                [b'1'..=b'9', rest @ ..] if rest.len() < 18 && rest.iter().all(u8::is_ascii_digit) => {
+                [b'1'..=b'9', rest @ ..]
+                    if rest.len() < 18 && rest.iter().all(u8::is_ascii_digit) =>
+                {
                     Some(raw.iter().fold(0u64, |n, &b| n * 10 + u64::from(b - b'0')))
                 }
                 _ => None,
@@ -558,8 +560,22 @@ mod tests {
 
     #[test]
     fn reply_reserves_read_as_serde_reads_a_count() {
-        let numbers = ["0", "7", "50", "05", "-1", "1.0", "1e3", "\"5\"", "null", "true",
-            "99999999999999999", "999999999999999999", "18446744073709551615", "18446744073709551616"];
+        let numbers = [
+            "0",
+            "7",
+            "50",
+            "05",
+            "-1",
+            "1.0",
+            "1e3",
+            "\"5\"",
+            "null",
+            "true",
+            "99999999999999999",
+            "999999999999999999",
+            "18446744073709551615",
+            "18446744073709551616",
+        ];
         for raw in numbers {
             let body = format!(r#"{{"model":"m","messages":[],"max_tokens":{raw}}}"#);
             let outline = Outline::scan(body.as_bytes()).unwrap();
