@@ -194,17 +194,13 @@ async fn dispatch(
 /// forwarded): a declared length past it is refused before a byte is read; a body that
 /// grows past it is cut where it is read.
 fn within_limit(state: &AppState, request: &Request<ClientBody>) -> Result<(), ProxyError> {
-    match declared_length(request.headers()) {
+    // The length its `Content-Length` declared, as the connection read it (no lookup).
+    match request.body().size_hint().exact() {
         Some(len) if len > state.max_body => {
             Err(ProxyError::BodyTooLarge { limit: state.max_body })
         }
         _ => Ok(()),
     }
-}
-
-/// The request's `Content-Length`, if it has a valid one.
-fn declared_length(headers: &header::HeaderMap) -> Option<u64> {
-    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// True when `headers` ask to upgrade the connection to a WebSocket.
