@@ -35,6 +35,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::UPGRADE);
 }
 
+/// Maps with at most this many entries are read in one pass over their names by
+/// [`first_of`] and [`present`]; larger ones are looked up name by name.
+const PASS_UP_TO: usize = 32;
+
 /// The first of `names` whose first value `accept`s, in the order of `names`, with
 /// that value and its index: what `headers.get` of each name in turn finds. A small map
 /// is read in one pass over its entries (a name compared is cheaper than a name hashed,
@@ -44,7 +48,6 @@ pub fn first_of<'h>(
     names: &[HeaderName],
     accept: impl Fn(&HeaderValue) -> bool,
 ) -> Option<(usize, &'h HeaderValue)> {
-    const PASS_UP_TO: usize = 32;
     if headers.len() > PASS_UP_TO || names.len() > 64 {
         return names.iter().enumerate().find_map(|(i, name)| {
             headers.get(name).filter(|value| accept(value)).map(|value| (i, value))
@@ -70,7 +73,7 @@ pub fn first_of<'h>(
 pub fn present(headers: &HeaderMap, names: &[HeaderName]) -> u64 {
     debug_assert!(names.len() <= 64);
     let bit = |i: usize| 1u64 << (i & 63);
-    if headers.len() > 32 {
+    if headers.len() > PASS_UP_TO {
         return names
             .iter()
             .enumerate()

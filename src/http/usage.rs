@@ -328,24 +328,13 @@ fn usage_in_members(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
     Some((usage, model))
 }
 
-/// The raw value of the JSON object `json`'s member whose key (with its quotes)
-/// `quoted_key` finds, when its last occurrence in the text is a member of the outermost object:
-/// after its value come only whole members and the object's closing brace. `None`
-/// otherwise (the key nested deeper, escaped, or absent): the caller walks the members.
+/// Where the value of the last occurrence of `quoted_key` in `json` starts, when that
+/// occurrence is a key (unescaped, followed by a colon); see [`closes_outermost`] for
+/// whether it is a member of the outermost object.
 ///
 /// An unescaped quote followed by a name and a quote opens a string (one that closed a
 /// string would have to be followed by punctuation), so the key found is a key; and an
 /// object that closes where the text ends is the outermost one.
-#[cfg(test)]
-fn last_member_from_end<'a>(json: &'a [u8], quoted_key: &[u8]) -> Option<&'a [u8]> {
-    let start = last_key_value_start(json, quoted_key)?;
-    let end = value_end(json, start)?;
-    closes_outermost(json, end).then(|| &json[start..end])
-}
-
-/// Where the value of the last occurrence of `quoted_key` in `json` starts, when that
-/// occurrence is a key (unescaped, followed by a colon); see [`closes_outermost`] for
-/// whether it is a member of the outermost object.
 fn last_key_value_start(json: &[u8], quoted_key: &[u8]) -> Option<usize> {
     let at = rfind_quoted(json, quoted_key)?;
     let backslashes = json[..at].iter().rev().take_while(|&&b| b == b'\\').count();
@@ -560,6 +549,16 @@ fn value_end(json: &[u8], start: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The raw value of the JSON object `json`'s member whose key (with its quotes)
+    /// `quoted_key` finds, when its last occurrence in the text is a member of the outermost object:
+    /// after its value come only whole members and the object's closing brace. `None`
+    /// otherwise (the key nested deeper, escaped, or absent): the caller walks the members.
+    fn last_member_from_end<'a>(json: &'a [u8], quoted_key: &[u8]) -> Option<&'a [u8]> {
+        let start = last_key_value_start(json, quoted_key)?;
+        let end = value_end(json, start)?;
+        closes_outermost(json, end).then(|| &json[start..end])
+    }
 
     /// What a reader of an answer of `content_type` arriving as `chunks` finds.
     fn usage_of(content_type: &str, chunks: &[&str]) -> Option<(Usage, Option<String>)> {

@@ -39,7 +39,7 @@ pub struct Outline<'a> {
 /// Where a body's model name lies.
 #[derive(Debug, Clone)]
 enum ModelAt<'a> {
-    /// No `model` field, or one that is not a string.
+    /// No `model` field, or a string of it that is not UTF-8.
     Absent,
     /// A string without escapes: the name is its text, checked once.
     Plain(&'a str),
@@ -58,13 +58,8 @@ impl std::fmt::Debug for Outline<'_> {
     }
 }
 
-/// The `model` among a body's top-level `fields` (the last of duplicates, as with a
-/// parser).
-fn find_model<'a>(fields: &[(&'a [u8], Range<usize>)], body: &'a [u8]) -> ModelAt<'a> {
-    let Some((_, range)) = fields.iter().rev().find(|(key, _)| *key == b"model") else {
-        return ModelAt::Absent;
-    };
-    let raw = &body[range.clone()];
+/// What the raw value of a `model` field names.
+fn model_at(raw: &[u8]) -> ModelAt<'_> {
     // A name without escapes is its bytes between the quotes.
     let plain = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\""));
     let plain = plain.filter(|inner| !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20));
@@ -182,8 +177,9 @@ impl<'a> Outline<'a> {
             return None;
         }
         let messages = messages.unwrap_or_default();
-        let model = find_model(&fields, body);
+        let model = ModelAt::Absent;
         let mut outline = Self { body, fields, messages, resumed: agreed, kept_at: None, model };
+        outline.model = outline.field("model").map_or(ModelAt::Absent, model_at);
         if let (Some((opened, before)), Some(shared)) = (opened, shared) {
             outline.kept_at = kept::keep(&outline, shared, opened, before);
         }

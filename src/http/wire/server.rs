@@ -26,7 +26,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use tower::Service;
 
 use super::codec::{Decoded, Decoder, Framing, WireError};
 use super::inbound::{self, Answering, HeadError, RequestHead};
@@ -65,32 +64,6 @@ pub trait ClientService: Clone + Send + 'static {
         &mut self,
         request: Request<ClientBody>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send + use<Self>;
-}
-
-/// A `tower` service answering every request, as a [`ClientService`].
-#[derive(Debug, Clone)]
-pub struct Tower<S>(pub S);
-
-impl<S> ClientService for Tower<S>
-where
-    S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    fn call(
-        &mut self,
-        request: Request<ClientBody>,
-    ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
-        let answer = self.0.call(request);
-        async move {
-            match answer.await {
-                Ok(response) => response,
-                Err(never) => match never {},
-            }
-        }
-    }
 }
 
 /// A client's socket, shared by its connection's task, the request body being read
@@ -760,6 +733,33 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use tower::Service;
+
+    /// A `tower` service answering every request, as a [`ClientService`].
+    #[derive(Debug, Clone)]
+    struct Tower<S>(S);
+
+    impl<S> ClientService for Tower<S>
+    where
+        S: Service<Request<ClientBody>, Response = Response<ProxyBody>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        fn call(
+            &mut self,
+            request: Request<ClientBody>,
+        ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
+            let answer = self.0.call(request);
+            async move {
+                match answer.await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
+        }
+    }
     use crate::http::body::full;
 
     /// A server of the `tower` service `service` on a loopback port; its stop token.
