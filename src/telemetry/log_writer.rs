@@ -3,12 +3,13 @@
 //!
 //! Appending is no system call and no wake-up of another thread per line (on a busy
 //! two-core machine a wake-up per access-log line cost more than the rest of a small
-//! request's handling). The first line into an empty queue wakes the writer thread; it
-//! lets the batch gather for [`FLUSH_EVERY`] (or until [`WAKE_AT`] bytes wait) and writes
-//! everything in one go. With nothing queued it sleeps without a timeout: an idle proxy
-//! spends no CPU on its log. Logging never blocks a request: past [`MAX_BACKLOG`] bytes
-//! waiting (a log consumer that stopped reading), lines are dropped and counted, and the
-//! count is written once the consumer reads again.
+//! request's handling). While lines keep coming, the writer thread runs on its own
+//! clock: every [`FLUSH_EVERY`] it writes what gathered in one go, and no request thread
+//! wakes it. Only the first line after a quiet spell wakes it (or [`WAKE_AT`] bytes
+//! waiting); with nothing queued for a whole interval it sleeps without a timeout, so an
+//! idle proxy spends no CPU on its log. Logging never blocks a request: past
+//! [`MAX_BACKLOG`] bytes waiting (a log consumer that stopped reading), lines are dropped
+//! and counted, and the count is written once the consumer reads again.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,18 +21,28 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// A line waits at most about this long before the writer thread writes it (the batch
 /// gathers meanwhile: under load, one wake-up and one `write` per this interval).
-pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// This many waiting bytes wake the writer thread at once.
 pub const WAKE_AT: usize = 256 * 1024;
 /// Past this many waiting bytes, lines are dropped (and counted).
 pub const MAX_BACKLOG: usize = 16 * 1024 * 1024;
 
-/// Lines waiting for the writer thread.
+/// Lines waiting for the writer thread, and whether it sleeps until woken.
+#[derive(Default)]
+struct Pending {
+    buf: Vec<u8>,
+    /// The writer waits without a timeout: the next line must wake it.
+    asleep: bool,
+}
+
+/// The queue between the request threads and the writer thread.
 #[derive(Default)]
 struct Queue {
-    buf: Mutex<Vec<u8>>,
+    pending: Mutex<Pending>,
     wake: Condvar,
     dropped: AtomicU64,
+    /// Wake-ups sent by appends (a request thread's system call each).
+    wakes: AtomicU64,
     closed: AtomicBool,
 }
 
@@ -43,17 +54,19 @@ impl QueueWriter {
     /// Appends `data` (one or more whole lines), or drops and counts it past
     /// [`MAX_BACKLOG`].
     pub fn append(&self, data: &[u8]) {
-        let Ok(mut buf) = self.0.buf.lock() else { return };
+        let Ok(mut pending) = self.0.pending.lock() else { return };
+        let buf = &mut pending.buf;
         if buf.len() + data.len() > MAX_BACKLOG {
             self.0.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let was_empty = buf.is_empty();
         let was_below = buf.len() < WAKE_AT;
         buf.extend_from_slice(data);
-        // The writer sleeps untimed while the queue is empty, and waits out the batch
-        // (or this many bytes) once it is not.
-        if was_empty || (was_below && buf.len() >= WAKE_AT) {
+        // A writer on its clock comes by itself; a sleeping one, or a batch grown this
+        // large, needs the wake-up.
+        if pending.asleep || (was_below && pending.buf.len() >= WAKE_AT) {
+            pending.asleep = false;
+            self.0.wakes.fetch_add(1, Ordering::Relaxed);
             self.0.wake.notify_one();
         }
     }
@@ -87,6 +100,9 @@ pub struct LogGuard {
 impl Drop for LogGuard {
     fn drop(&mut self) {
         self.queue.closed.store(true, Ordering::Release);
+        if let Ok(mut pending) = self.queue.pending.lock() {
+            pending.asleep = false;
+        }
         self.queue.wake.notify_one();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -110,27 +126,30 @@ fn drain_into<W: Write>(queue: &Queue, mut out: W) {
     loop {
         let closed = queue.closed.load(Ordering::Acquire);
         {
-            let Ok(mut buf) = queue.buf.lock() else { return };
-            // Nothing queued: sleep until the first line (or the guard's drop) wakes us.
-            while buf.is_empty() && !queue.closed.load(Ordering::Acquire) {
-                buf = match queue.wake.wait(buf) {
-                    Ok(buf) => buf,
-                    Err(_) => return,
-                };
-            }
-            // Then let the batch gather, unless it is already large or the log closes.
+            let Ok(mut pending) = queue.pending.lock() else { return };
+            // Let the batch gather for an interval, unless it is already large or the
+            // log closes: appends do not wake the writer meanwhile.
             let gather_until = Instant::now() + FLUSH_EVERY;
-            while buf.len() < WAKE_AT && !queue.closed.load(Ordering::Acquire) {
+            while pending.buf.len() < WAKE_AT && !queue.closed.load(Ordering::Acquire) {
                 let left = gather_until.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
                 }
-                buf = match queue.wake.wait_timeout(buf, left) {
-                    Ok((buf, _)) => buf,
+                pending = match queue.wake.wait_timeout(pending, left) {
+                    Ok((pending, _)) => pending,
                     Err(_) => return,
                 };
             }
-            std::mem::swap(&mut *buf, &mut spare);
+            // A whole interval without a line: sleep until the next one wakes us.
+            while pending.buf.is_empty() && !queue.closed.load(Ordering::Acquire) {
+                pending.asleep = true;
+                pending = match queue.wake.wait(pending) {
+                    Ok(pending) => pending,
+                    Err(_) => return,
+                };
+            }
+            pending.asleep = false;
+            std::mem::swap(&mut pending.buf, &mut spare);
         }
         if !spare.is_empty() {
             // A failing stderr has nowhere to report to: the lines are lost.
@@ -145,7 +164,7 @@ fn drain_into<W: Write>(queue: &Queue, mut out: W) {
             );
         }
         let _ = out.flush();
-        if closed && queue.buf.lock().map_or(true, |b| b.is_empty()) {
+        if closed && queue.pending.lock().map_or(true, |p| p.buf.is_empty()) {
             return;
         }
         // Keep the allocation, but not a huge one from a burst.
@@ -188,6 +207,33 @@ mod tests {
         assert_eq!(text.lines().count(), 1000);
         assert!(text.starts_with("line 0\n") && text.ends_with("line 999\n"));
         assert!(writes < 50, "{writes} writes for 1000 lines");
+    }
+
+    #[test]
+    fn a_steady_trickle_is_written_on_the_writers_clock() {
+        let sink = Sink::default();
+        let (writer, guard) = spawn(sink.clone());
+        // 100 lines over about a second: a handful of batches, not a write per line.
+        for i in 0..100 {
+            writer.make_writer().write_all(format!("line {i}\n").as_bytes()).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (_, writes) = sink.0.lock().unwrap().clone();
+        assert!((1..=12).contains(&writes), "{writes} writes for 100 lines over a second");
+        // Only the first line woke the writer: the others waited for its clock.
+        let wakes = writer.0.wakes.load(Ordering::Relaxed);
+        assert!(wakes <= 2, "{wakes} wake-ups for a steady trickle");
+        // After a quiet spell the writer sleeps; the next line wakes it.
+        std::thread::sleep(FLUSH_EVERY * 3);
+        writer.make_writer().write_all(b"after the pause\n").unwrap();
+        let started = Instant::now();
+        while !String::from_utf8_lossy(&sink.0.lock().unwrap().0).ends_with("after the pause\n") {
+            assert!(started.elapsed() < Duration::from_secs(10), "the line after a pause waits");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(guard);
+        let text = String::from_utf8(sink.0.lock().unwrap().0.clone()).unwrap();
+        assert_eq!(text.lines().count(), 101);
     }
 
     /// A consumer that does not read: writing a line never waits.
