@@ -272,6 +272,17 @@ async fn http2_clients_are_served() {
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "{\"h2\":true}");
+    // A chat turn over HTTP/2 is tagged as over HTTP/1.1: the tags go into the map
+    // hyper's HTTP/2 server writes.
+    let chat = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let response = h2.request(post(&proxy.url("/v1/chat/completions"), chat)).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let headers = response.headers();
+    assert_eq!(headers["x-foldgate-outcome"], "passthrough", "{headers:?}");
+    assert_eq!(headers["x-foldgate-tokens-before"], headers["x-foldgate-tokens-after"]);
+    assert!(headers.contains_key("x-foldgate-session"), "{headers:?}");
+    let id = &headers["x-foldgate-request-id"];
+    assert_eq!(&headers["x-request-id"], id, "the echo upstream sends no id of its own");
 }
 
 #[tokio::test]

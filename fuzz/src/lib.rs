@@ -622,8 +622,15 @@ fn read_request(wire: &[u8], sizes: &[usize]) -> Option<(String, String, Vec<u8>
     );
     let mut answer_headers = http::HeaderMap::new();
     let answering = Answering::of(&head.request, head.keep_alive);
-    let answer =
-        response_head(http::StatusCode::OK, None, &mut answer_headers, answering, false, None);
+    let answer = response_head(
+        http::StatusCode::OK,
+        None,
+        &mut answer_headers,
+        None,
+        answering,
+        false,
+        None,
+    );
     let text = String::from_utf8_lossy(&answer.bytes).to_string();
     assert!(
         !(text.contains("content-length:") && text.contains("transfer-encoding:")),

@@ -24,6 +24,7 @@ mod routes;
 pub mod server;
 pub mod session_key;
 pub mod sse;
+pub mod tags;
 pub mod trace;
 pub mod upstream;
 mod upstream_socket;

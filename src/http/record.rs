@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Response;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::HeaderMap;
 use http_body_util::BodyExt;
 use tracing::Span;
 
 use crate::conversation::{Counted, Decision, Report};
 use crate::http::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
 use crate::http::inspect::PendingRecord;
+use crate::http::tags::Tags;
 use crate::http::usage::UsageReader;
 use crate::metrics::{
     ChainResult, DecodeResult, Metrics, OverflowRetry, Route, WindowEvent, model_label,
@@ -26,17 +27,6 @@ use crate::metrics::{
 use crate::session::SessionKey;
 use crate::telemetry::span::{self, TurnRecord, UsageRecord};
 use crate::vocab::{CompactionApi, ContentCoding, Outcome};
-
-// The `x-foldgate-*` headers, made once (a name made at run time is checked each time).
-const OUTCOME: HeaderName = HeaderName::from_static("x-foldgate-outcome");
-const SESSION: HeaderName = HeaderName::from_static("x-foldgate-session");
-const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-foldgate-tokens-before");
-const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-foldgate-tokens-after");
-const TIER: HeaderName = HeaderName::from_static("x-foldgate-tier");
-const FOLD_WAIT: HeaderName = HeaderName::from_static("x-foldgate-fold-wait-ms");
-const RETRIED: HeaderName = HeaderName::from_static("x-foldgate-retried");
-const LEARNED_WINDOW: HeaderName = HeaderName::from_static("x-foldgate-learned-window");
-const SERVED_BY: HeaderName = HeaderName::from_static("x-foldgate-served-by");
 
 /// What an exchange learned about its request, as it went.
 pub struct Record {
@@ -155,39 +145,25 @@ impl Record {
         self.decided.as_ref().map(|d| d.model)
     }
 
-    /// Says in `x-foldgate-*` headers what happened to a decided request.
-    pub fn tag(&self, headers: &mut HeaderMap) {
+    /// Says in `x-foldgate-*` tags what happened to a decided request.
+    pub fn tag<B>(&self, response: &mut Response<B>) {
         let Some(decided) = &self.decided else { return };
         let decision = &decided.decision;
-        headers.insert(OUTCOME, HeaderValue::from_static(decision.outcome.as_str()));
-        if let Ok(value) = HeaderValue::from_str(decided.key.as_str()) {
-            headers.insert(SESSION, value);
-        }
+        let tags = Tags::on(response);
+        tags.outcome = Some(decision.outcome.as_str());
+        tags.session = Some(decided.key.clone());
         if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
-            let before = HeaderValue::from(*tokens_before);
-            // Most requests go unchanged: the same count, shared instead of made twice.
-            let after = match tokens_after == tokens_before {
-                true => before.clone(),
-                false => HeaderValue::from(*tokens_after),
-            };
-            headers.insert(TOKENS_BEFORE, before);
-            headers.insert(TOKENS_AFTER, after);
-            headers.insert(TIER, HeaderValue::from_static(tier.as_str()));
+            tags.tokens = Some((*tokens_before, *tokens_after));
+            tags.tier = Some(tier.as_str());
         }
         if !decision.fold_wait.is_zero() {
-            let millis = u64::try_from(decision.fold_wait.as_millis()).unwrap_or(u64::MAX);
-            headers.insert(FOLD_WAIT, HeaderValue::from(millis));
+            tags.fold_wait_ms =
+                Some(u64::try_from(decision.fold_wait.as_millis()).unwrap_or(u64::MAX));
         }
-        if self.retried() {
-            headers.insert(RETRIED, HeaderValue::from_static("1"));
-        }
+        tags.retried = self.retried();
         // The request was planned against a window learned from an earlier overflow error.
-        if let Some(window) = decided.learned {
-            headers.insert(LEARNED_WINDOW, HeaderValue::from(window));
-        }
-        if self.answered_here {
-            headers.insert(SERVED_BY, HeaderValue::from_static("foldgate"));
-        }
+        tags.learned_window = decided.learned;
+        tags.served_here = self.answered_here;
     }
 
     /// Records a request that failed before any answer (the upstream unreachable, a

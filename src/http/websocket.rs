@@ -42,6 +42,7 @@ use super::error::ProxyError;
 use super::exchange::CompactedRoutes;
 use super::exchange::{self, Place};
 use super::sse::Events;
+use super::tags::Tags;
 use super::trace::in_span;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
@@ -366,7 +367,7 @@ where
 {
     let status = response.status();
     // foldgate's own answer (a compaction it served): not a response the upstream holds.
-    let from_upstream = !response.headers().contains_key("x-foldgate-served-by");
+    let from_upstream = !Tags::served_here(&response);
     let events = response
         .headers()
         .get(header::CONTENT_TYPE)

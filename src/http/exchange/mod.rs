@@ -473,7 +473,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         let calibration = self.calibration().filter(|_| upstream);
         let mut record = self.record;
         record.answered_here = !upstream;
-        record.tag(response.headers_mut());
+        record.tag(&mut response);
         let mut ends = AnswerEnds::metrics(self.place.metrics);
         if let Some(decided) = &record.decided {
             if let Some(inspector) = &routes.inspector {

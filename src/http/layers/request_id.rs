@@ -13,6 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::{HeaderName, HeaderValue, Request, Response};
 
 use crate::http::body::ProxyBody;
+use crate::http::tags::Tags;
 use crate::http::wire::server::{ClientBody, ClientService};
 
 /// The request id header: sent upstream with foldgate's id, returned with the upstream's.
@@ -67,10 +68,21 @@ impl<F: Future<Output = Response<ProxyBody>>> Future for ResponseFuture<F> {
         let this = self.project();
         let mut response = ready!(this.inner.poll(cx));
         if let Some(id) = this.id.take() {
-            let headers = response.headers_mut();
-            headers.insert(X_FOLDGATE_REQUEST_ID.clone(), id.clone());
-            if !headers.contains_key(&X_REQUEST_ID) {
-                headers.insert(X_REQUEST_ID.clone(), id);
+            let answers_none = !response.headers().contains_key(&X_REQUEST_ID);
+            // With the answer's other tags when it has some; else put in its headers
+            // (cheaper than carrying tags for the ids alone).
+            match response.extensions_mut().get_mut::<Tags>() {
+                Some(tags) => {
+                    tags.request_id = Some(id);
+                    tags.request_id_as_answers = answers_none;
+                }
+                None => {
+                    let headers = response.headers_mut();
+                    headers.insert(X_FOLDGATE_REQUEST_ID.clone(), id.clone());
+                    if answers_none {
+                        headers.insert(X_REQUEST_ID.clone(), id);
+                    }
+                }
             }
         }
         Poll::Ready(response)

@@ -18,6 +18,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
 use super::codec::{self, Framers, Framing, HeaderSpans, MAX_HEAD, MAX_HEADERS, Sending};
+use crate::http::tags::Tags;
 
 /// Why a request head was refused; each answers with its own status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -186,6 +187,7 @@ pub fn response_head(
     status: StatusCode,
     reason: Option<&[u8]>,
     headers: &mut HeaderMap,
+    tags: Option<&Tags>,
     answering: Answering,
     ended: bool,
     exact: Option<u64>,
@@ -253,7 +255,7 @@ pub fn response_head(
     extra.close = !keep_alive && status != StatusCode::SWITCHING_PROTOCOLS && !framers.connection();
     extra.keep_alive = keep_alive && old_client && !framers.connection();
     extra.date = !framers.date();
-    let bytes = encode(status, reason, headers, &extra);
+    let bytes = encode(status, reason, headers, tags, &extra);
     ResponseHead { bytes, sending, keep_alive }
 }
 
@@ -281,16 +283,25 @@ fn encode(
     status: StatusCode,
     reason: Option<&[u8]>,
     headers: &HeaderMap,
+    tags: Option<&Tags>,
     extra: &Extra,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(160 + headers.len() * 48);
+    // foldgate's tags are 7 lines of about 40 bytes on a decided request.
+    let room = if tags.is_some() { 320 } else { 0 };
+    let mut out = Vec::with_capacity(160 + headers.len() * 48 + room);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     let reason = reason.unwrap_or_else(|| status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(reason);
     out.extend_from_slice(b"\r\n");
-    codec::put_headers(headers.iter(), &mut out);
+    match tags {
+        Some(tags) => {
+            codec::put_headers(headers.iter().filter(|(name, _)| !tags.replaces(name)), &mut out);
+            tags.write(&mut out);
+        }
+        None => codec::put_headers(headers.iter(), &mut out),
+    }
     if let Some(length) = extra.content_length {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
@@ -344,7 +355,7 @@ mod tests {
 
     /// The head of a `200` of unknown size whose body has not ended.
     fn ok_head(headers: &mut HeaderMap, answering: Answering) -> ResponseHead {
-        response_head(StatusCode::OK, None, headers, answering, false, None)
+        response_head(StatusCode::OK, None, headers, None, answering, false, None)
     }
 
     fn text(head: &ResponseHead) -> String {
@@ -435,6 +446,7 @@ mod tests {
             StatusCode::OK,
             None,
             &mut headers,
+            None,
             answering(Version::HTTP_11, false),
             false,
             Some(42),
@@ -468,6 +480,7 @@ mod tests {
             StatusCode::OK,
             Some(b"Fine"),
             &mut headers,
+            None,
             answering(Version::HTTP_11, false),
             false,
             None,
@@ -490,6 +503,7 @@ mod tests {
             StatusCode::NO_CONTENT,
             None,
             &mut headers,
+            None,
             answering(Version::HTTP_11, false),
             true,
             Some(0),
@@ -507,12 +521,12 @@ mod tests {
     fn a_closing_connection_says_so_once() {
         let mut headers = HeaderMap::new();
         let close = Answering { keep_alive: false, ..answering(Version::HTTP_11, false) };
-        let head = response_head(StatusCode::OK, None, &mut headers, close, true, Some(0));
+        let head = response_head(StatusCode::OK, None, &mut headers, None, close, true, Some(0));
         assert_eq!(text(&head).matches("connection: close").count(), 1);
         assert!(!head.keep_alive);
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         let open = answering(Version::HTTP_11, false);
-        let head = response_head(StatusCode::OK, None, &mut headers, open, true, Some(0));
+        let head = response_head(StatusCode::OK, None, &mut headers, None, open, true, Some(0));
         assert_eq!(text(&head).matches("connection: close").count(), 1);
         assert!(!head.keep_alive);
     }

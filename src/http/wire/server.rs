@@ -34,6 +34,7 @@ use crate::http::body::{BoxError, ProxyBody};
 use crate::http::deadline;
 use crate::http::error::ProxyError;
 use crate::http::linger::{self, UnreadBody};
+use crate::http::tags::{self, Tags};
 
 /// Bytes asked of the socket per read of a request head.
 const READ_SIZE: usize = 16 * 1024;
@@ -370,10 +371,12 @@ async fn respond(
 ) -> Result<bool, ()> {
     let (mut parts, mut body) = response.into_parts();
     let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>().map(|r| r.as_bytes());
+    let tags = parts.extensions.get::<Tags>();
     let head = inbound::response_head(
         parts.status,
         reason,
         &mut parts.headers,
+        tags,
         answering,
         body.is_end_stream(),
         body.size_hint().exact(),
@@ -438,7 +441,11 @@ async fn serve_http2<S: ClientService>(
     let io = TokioIo::new(ClientIo { prefix: buf.freeze(), socket });
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         let answer = service.clone().call(request.map(ClientBody::Hyper));
-        async move { Ok::<_, Infallible>(answer.await) }
+        async move {
+            let mut answer = answer.await;
+            tags::into_headers(&mut answer);
+            Ok::<_, Infallible>(answer)
+        }
     });
     let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(io, service);
