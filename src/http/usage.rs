@@ -292,7 +292,7 @@ fn sse_usage(line: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
 
 /// A cheap filter: most SSE lines carry no usage.
 fn mentions_usage(line: &[u8]) -> bool {
-    line.starts_with(b"data:") && line.windows(7).any(|w| w == b"\"usage\"")
+    line.starts_with(b"data:") && memchr::memmem::find(line, b"\"usage\"").is_some()
 }
 
 /// The usage in a JSON answer (top-level, under `response` in Responses API events, or
@@ -349,14 +349,15 @@ fn last_key_value_start(json: &[u8], quoted_key: &[u8]) -> Option<usize> {
 }
 
 /// Where the last occurrence of `quoted` (a key with its quotes) in `json` starts, found
-/// from the end quote by quote: the key sits a few dozen bytes from the end of most
-/// answers, closer than a substring searcher's setup pays for.
+/// from the end by the key's first letter: the key sits a few dozen bytes from the end
+/// of most answers, closer than a substring searcher's setup pays for, and its first
+/// letter (`u`) is rarer there than quotes.
 fn rfind_quoted(json: &[u8], quoted: &[u8]) -> Option<usize> {
-    let (&last, _) = quoted.split_last()?;
+    let &anchor = quoted.get(1)?;
     let mut end = json.len();
-    while let Some(i) = memchr::memrchr(last, &json[..end]) {
-        if let Some(start) = (i + 1).checked_sub(quoted.len()) {
-            if &json[start..=i] == quoted {
+    while let Some(i) = memchr::memrchr(anchor, &json[..end]) {
+        if let Some(start) = i.checked_sub(1) {
+            if json[start..].starts_with(quoted) {
                 return Some(start);
             }
         }
@@ -482,6 +483,10 @@ fn each_member<'a>(
 }
 
 fn skip_space(json: &[u8], from: usize) -> usize {
+    // Most values and keys follow their punctuation directly.
+    if json.get(from).is_some_and(|&b| b > b' ') {
+        return from;
+    }
     from + json
         .get(from..)
         .map_or(0, |rest| rest.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(rest.len()))
@@ -490,9 +495,23 @@ fn skip_space(json: &[u8], from: usize) -> usize {
 /// The end (one past the closing quote) of the string whose opening quote is at `start`.
 fn string_end(json: &[u8], start: usize) -> Option<usize> {
     let mut i = start + 1;
-    // Keys and short values end within a few bytes: a plain loop first, cheaper there
-    // than `memchr`'s setup.
-    let near = json.len().min(start + 24);
+    // Keys and short values end within a few words: eight bytes at a time while none is
+    // a quote or a backslash, cheaper there than `memchr`'s setup; then `memchr`.
+    let near = json.len().min(start + 64);
+    while i + 8 <= near {
+        let word = u64::from_le_bytes(json[i..i + 8].try_into().ok()?);
+        let hits = has_byte(word, b'"') | has_byte(word, b'\\');
+        if hits == 0 {
+            i += 8;
+            continue;
+        }
+        // The lowest flagged byte is a true one: false flags only spill upwards.
+        i += (hits.trailing_zeros() / 8) as usize;
+        if json[i] == b'"' {
+            return Some(i + 1);
+        }
+        i += 2;
+    }
     while i < near {
         match json[i] {
             b'"' => return Some(i + 1),
@@ -508,6 +527,15 @@ fn string_end(json: &[u8], start: usize) -> Option<usize> {
             return Some(i + 1);
         }
     }
+}
+
+/// Non-zero when a byte of `word` is `byte` (the high bit of each such byte set, and
+/// maybe of bytes above it: only "any" is read).
+const fn has_byte(word: u64, byte: u8) -> u64 {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+    let x = word ^ (ONES * byte as u64);
+    x.wrapping_sub(ONES) & !x & HIGHS
 }
 
 /// The end of the JSON value starting at `start`.
@@ -802,16 +830,25 @@ mod tests {
     proptest::proptest! {
         /// A JSON string ends at its closing quote, however long, whatever it escapes.
         #[test]
-        fn strings_end_at_their_closing_quote(text in "[a\"\\\\\n/é]{0,80}", after in "[,:}\\]]{0,3}") {
+        fn strings_end_at_their_closing_quote(
+            before in "[ ,:{]{0,9}",
+            text in "[a\"\\\\\n/é]{0,80}|[a-z_]{0,90}",
+            after in "[,:}\\]\"]{0,3}",
+        ) {
             let quoted = serde_json::to_string(&text).unwrap();
-            let json = format!("{quoted}{after}");
-            proptest::prop_assert_eq!(string_end(json.as_bytes(), 0), Some(quoted.len()));
+            let json = format!("{before}{quoted}{after}");
+            let end = string_end(json.as_bytes(), before.len());
+            proptest::prop_assert_eq!(end, Some(before.len() + quoted.len()));
+            // Cut anywhere before its closing quote, it has no end.
+            let cut = &json.as_bytes()[..before.len() + quoted.len() - 1];
+            proptest::prop_assert_eq!(string_end(cut, before.len()), None);
         }
 
         /// The last occurrence found quote by quote is the last occurrence.
         #[test]
         fn the_last_key_found_from_the_end_is_the_last(text in "[\"usage:a]{0,60}") {
             let key = b"\"usage\"";
+            proptest::prop_assert_eq!(mentions_usage(format!("data:{text}").as_bytes()), text.contains("\"usage\""));
             let naive = text.as_bytes().windows(key.len()).rposition(|w| w == key);
             proptest::prop_assert_eq!(rfind_quoted(text.as_bytes(), key), naive);
         }
