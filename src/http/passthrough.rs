@@ -12,7 +12,7 @@ use super::headers::strip_hop_by_hop;
 use super::record::{AnswerEnds, Record, team_of};
 use super::trace;
 use super::upstream::{Upstream, UpstreamBody};
-use super::wire::server::ClientBody;
+use super::wire::server::ClientRequest;
 use crate::metrics::Metrics;
 
 /// Forwards `request` to the upstream, streaming both bodies; `max_body` bounds the
@@ -22,7 +22,7 @@ pub async fn forward(
     upstream: &Upstream,
     max_body: u64,
     metrics: &Arc<Metrics>,
-    request: Request<ClientBody>,
+    request: ClientRequest,
     progress: Arc<BodyProgress>,
     mut record: Record,
 ) -> Result<Response<ProxyBody>, ProxyError> {

@@ -17,7 +17,7 @@ use super::record::{self, Operation, Record};
 use super::trace::{self, in_span};
 use super::upstream::Upstream;
 use super::websocket::WebSockets;
-use super::wire::server::{ClientBody, ClientService};
+use super::wire::server::{ClientBody, ClientRequest, ClientService};
 use crate::metrics::{Metrics, Route};
 
 /// What every request handler shares.
@@ -56,7 +56,7 @@ impl Router {
 impl ClientService for Router {
     fn call(
         &mut self,
-        request: Request<ClientBody>,
+        request: ClientRequest,
     ) -> impl Future<Output = Response<ProxyBody>> + Send + use<> {
         let state = self.state.clone();
         // Not boxed: the connection's task holds the request's future where it is made.
@@ -81,7 +81,7 @@ async fn compacted<D: Dialect>(
     state: &AppState,
     dialect: &D,
     upstream: &Upstream,
-    request: Request<ClientBody>,
+    request: ClientRequest,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     if let Err(error) = within_limit(state, &request) {
@@ -117,7 +117,7 @@ fn traced(
 async fn forwarded(
     state: &AppState,
     upstream: &Upstream,
-    request: Request<ClientBody>,
+    request: ClientRequest,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     if let Err(error) = within_limit(state, &request) {
@@ -135,7 +135,7 @@ async fn forwarded(
 /// Routes `request`; handlers that read its body record how far in `progress`.
 async fn dispatch(
     state: &AppState,
-    request: Request<ClientBody>,
+    request: ClientRequest,
     progress: &Arc<BodyProgress>,
 ) -> (Route, Result<Response<ProxyBody>, ProxyError>) {
     let path = request.uri().path();

@@ -46,7 +46,7 @@ use super::tags::Tags;
 use super::trace::in_span;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
-use super::wire::server::{ClientBody, OnUpgrade};
+use super::wire::server::{ClientRequest, OnUpgrade};
 use crate::api::responses::{input_as_items, joined_items, without_trigger};
 use crate::metrics::Metrics;
 
@@ -89,7 +89,7 @@ impl WebSockets {
 /// hands it over.
 pub fn upgrade(
     sockets: &WebSockets,
-    mut request: Request<ClientBody>,
+    mut request: ClientRequest,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let headers = request.headers();
     let version = headers.get("sec-websocket-version").map(HeaderValue::as_bytes);

@@ -55,11 +55,11 @@ impl<D: Dialect> Exchange<'_, D> {
         let quick = outline.as_ref().and_then(|outline| {
             let report = routes.conversations.clearly_below(dialect.measure(outline)?, &options)?;
             let key = dialect.outline_session_key(headers, &routes.session_header, outline)?;
-            Some((Decision::unchanged(report), key))
+            Some((report, key))
         });
         drop(outline);
         let (decision, key) = match quick {
-            Some(quick) => quick,
+            Some((report, key)) => (Decision::unchanged(report), key),
             None => {
                 if self.parsed.is_none() {
                     let Some(parsed) = parse(dialect, original) else { return false };

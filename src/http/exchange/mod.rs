@@ -34,8 +34,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use bytes::Bytes;
+use http::Response;
 use http::header::{self, HeaderMap};
-use http::{Request, Response};
 
 use super::body::{BodyProgress, ProxyBody, full};
 use super::chain::{self, ChainSave};
@@ -53,7 +53,7 @@ use super::session_key::ChainScope;
 use super::session_key::SessionHeaders;
 use super::upstream::Upstream;
 use super::upstream_socket::UpstreamSocket;
-use super::wire::server::ClientBody;
+use super::wire::server::ClientRequest;
 use crate::config::ServedBy;
 use crate::conversation::{Conversations, PinError, Steer};
 use crate::metrics::{ChainResult, Metrics};
@@ -103,7 +103,7 @@ pub struct Place<'a, D> {
 /// read goes to `progress`.
 pub async fn run<D: Dialect>(
     place: Place<'_, D>,
-    request: Request<ClientBody>,
+    request: ClientRequest,
     progress: Arc<BodyProgress>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let Place { routes, dialect, upstream, metrics, max_body, .. } = place;
@@ -194,7 +194,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
     /// Phase 1: reads the body, once (see [`request_body::read`]).
     async fn read_body(
         place: Place<'a, D>,
-        request: Request<ClientBody>,
+        request: ClientRequest,
         progress: Arc<BodyProgress>,
     ) -> Result<Box<Self>, ProxyError> {
         let (parts, body) = request.into_parts();

@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderValue, Method, Response, StatusCode, Uri};
 
 use super::request_id::X_REQUEST_ID;
 use crate::http::body::{BodyEnd, BodyObserver, Observed, ProxyBody};
-use crate::http::wire::server::{ClientBody, ClientService};
+use crate::http::wire::server::{ClientRequest, ClientService};
 use crate::telemetry::access::{self, AccessLine};
 
 /// The access log around a service.
@@ -30,7 +30,7 @@ impl<S> AccessLog<S> {
 impl<S: ClientService> ClientService for AccessLog<S> {
     fn call(
         &mut self,
-        request: Request<ClientBody>,
+        request: ClientRequest,
     ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
         // At a level that drops access lines, the body is not watched at all.
         if !tracing::enabled!(tracing::Level::INFO) {

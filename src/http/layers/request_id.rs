@@ -10,11 +10,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderName, HeaderValue, Response};
 
 use crate::http::body::ProxyBody;
 use crate::http::tags::Tags;
-use crate::http::wire::server::{ClientBody, ClientService};
+use crate::http::wire::server::{ClientRequest, ClientService};
 
 /// The request id header: sent upstream with foldgate's id, returned with the upstream's.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -38,7 +38,7 @@ impl<S> RequestIds<S> {
 impl<S: ClientService> ClientService for RequestIds<S> {
     fn call(
         &mut self,
-        mut request: Request<ClientBody>,
+        mut request: ClientRequest,
     ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
         let id = request
             .headers()

@@ -56,6 +56,10 @@ pub struct Settings {
     pub max_drain: u64,
 }
 
+/// A client's request, boxed: it passes through the layers, the router and the handler
+/// as a pointer, not as its few hundred bytes copied at every call.
+pub type ClientRequest = Box<Request<ClientBody>>;
+
 /// What serves the requests of a connection: the layers around the router, answering
 /// every request (errors are answers too). Its future is held where the connection
 /// awaits it, not boxed: a request's future is kilobytes, copied whole into a box.
@@ -63,7 +67,7 @@ pub trait ClientService: Clone + Send + 'static {
     /// The answer to `request`.
     fn call(
         &mut self,
-        request: Request<ClientBody>,
+        request: ClientRequest,
     ) -> impl Future<Output = Response<ProxyBody>> + Send + use<Self>;
 }
 
@@ -182,7 +186,7 @@ pub async fn serve<S: ClientService>(
 
         // The answer, unless the client leaves first (then the request is dropped, and
         // with it whatever it was waiting for upstream).
-        let mut call = pin!(service.call(request));
+        let mut call = pin!(service.call(Box::new(request)));
         let response = poll_fn(|cx| match call.as_mut().poll(cx) {
             Poll::Ready(response) => Poll::Ready(Some(response)),
             Poll::Pending if watch.poll_gone(&socket, &mut buf, cx) => Poll::Ready(None),
@@ -440,7 +444,7 @@ async fn serve_http2<S: ClientService>(
 ) {
     let io = TokioIo::new(ClientIo { prefix: buf.freeze(), socket });
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-        let answer = service.clone().call(request.map(ClientBody::Hyper));
+        let answer = service.clone().call(Box::new(request.map(ClientBody::Hyper)));
         async move {
             let mut answer = answer.await;
             tags::into_headers(&mut answer);
@@ -756,9 +760,9 @@ mod tests {
     {
         fn call(
             &mut self,
-            request: Request<ClientBody>,
+            request: ClientRequest,
         ) -> impl Future<Output = Response<ProxyBody>> + Send + use<S> {
-            let answer = self.0.call(request);
+            let answer = self.0.call(*request);
             async move {
                 match answer.await {
                     Ok(response) => response,
