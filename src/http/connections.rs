@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, Uri, Version, header};
+use http::{HeaderValue, Response, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 use super::body::{BoxError, ProxyBody};
-use super::wire;
+use super::wire::{self, UpstreamRequest};
 
 /// An upstream HTTP/1.1 connection's transport (TCP, or TLS over TCP). Boxed: the
 /// exchange moves the connection into and out of the request's future, and a TLS
@@ -117,7 +117,7 @@ impl ConnectionPool {
     /// is sent again on a new connection.
     pub async fn send(
         self: &Arc<Self>,
-        mut request: Request<ProxyBody>,
+        mut request: UpstreamRequest,
     ) -> Result<Response<UpstreamBody>, SendError> {
         loop {
             match self.checkout().await? {
@@ -139,14 +139,14 @@ impl ConnectionPool {
                     *request.version_mut() = Version::HTTP_2;
                     *request.uri_mut() = self.absolute(request.uri());
                     request.headers_mut().remove(header::HOST);
-                    match sender.try_send_request(request).await {
+                    match sender.try_send_request(*request).await {
                         Ok(response) => return Ok(response.map(UpstreamBody::http2)),
                         Err(mut error) => {
                             self.forget_closed_shared();
                             match error.take_message() {
                                 // Not written: the connection closed. Try a new one.
                                 Some(unsent) if reused => {
-                                    request = unsent;
+                                    request = Box::new(unsent);
                                     if let Some(path) = request.uri().path_and_query().cloned() {
                                         *request.uri_mut() = Uri::from(path);
                                     }
@@ -340,6 +340,7 @@ impl Drop for UpstreamBody {
 mod tests {
     use super::*;
     use crate::config::UpstreamConfig;
+    use http::Request;
 
     fn pool(scheme: Scheme, authority: &str) -> ConnectionPool {
         let connector = crate::client::https_connector(&UpstreamConfig::default()).unwrap();
@@ -474,7 +475,7 @@ mod tests {
                     .header(header::HOST, "foldgate.local")
                     .body(crate::http::body::full(format!("body {i}")))
                     .unwrap();
-                let response = pool.send(request).await.unwrap();
+                let response = pool.send(Box::new(request)).await.unwrap();
                 let body = response.into_body().collect().await.unwrap().to_bytes();
                 assert_eq!(body, format!("body {i}"));
             }
@@ -523,7 +524,7 @@ mod tests {
         let expected = ["small", large.as_str(), "first second third", ""];
         for (body, expected) in bodies.into_iter().zip(expected) {
             let request = Request::post("/v1/echo").body(body).unwrap();
-            let response = pool.send(request).await.unwrap();
+            let response = pool.send(Box::new(request)).await.unwrap();
             assert_eq!(response.status(), http::StatusCode::OK);
             let body = response.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(body, expected);

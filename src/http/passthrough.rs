@@ -12,6 +12,7 @@ use super::headers::strip_hop_by_hop;
 use super::record::{AnswerEnds, Record, team_of};
 use super::trace;
 use super::upstream::{Upstream, UpstreamBody};
+use super::wire::UpstreamRequest;
 use super::wire::server::ClientRequest;
 use crate::metrics::Metrics;
 
@@ -53,7 +54,7 @@ pub fn upstream_request(
     upstream: &Upstream,
     parts: http::request::Parts,
     body: ProxyBody,
-) -> Result<Request<ProxyBody>, ProxyError> {
+) -> Result<UpstreamRequest, ProxyError> {
     build_request(upstream, parts.method, &parts.uri, parts.headers, body)
 }
 
@@ -65,7 +66,7 @@ pub fn build_request(
     uri: &http::Uri,
     mut headers: HeaderMap,
     body: ProxyBody,
-) -> Result<Request<ProxyBody>, ProxyError> {
+) -> Result<UpstreamRequest, ProxyError> {
     let uri = upstream
         .target_of(uri)
         .map_err(|e| ProxyError::UpstreamUnreachable(format!("cannot build upstream URI: {e}")))?;
@@ -75,7 +76,7 @@ pub fn build_request(
     // The connection pool sets Host for the upstream (HTTP/1.1) or drops it (HTTP/2,
     // which has `:authority`); an expectation is between client and foldgate.
     headers.remove(header::EXPECT);
-    let mut outgoing = Request::new(body);
+    let mut outgoing = Box::new(Request::new(body));
     *outgoing.method_mut() = method;
     *outgoing.uri_mut() = uri;
     *outgoing.headers_mut() = headers;

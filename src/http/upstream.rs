@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use http::{Request, Response, Uri};
+use http::{Response, Uri};
 
-use super::body::ProxyBody;
 pub use super::connections::UpstreamBody;
 use super::connections::{ConnectionPool, SendError};
 use super::deadline;
 use super::error::ProxyError;
+use super::wire::UpstreamRequest;
 use crate::client::https_connector;
 use crate::config::UpstreamConfig;
 
@@ -147,7 +147,7 @@ impl Upstream {
     /// (on a connection thread, up to a second past it: see [`deadline`]).
     pub async fn send(
         &self,
-        request: Request<ProxyBody>,
+        request: UpstreamRequest,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         match deadline::timeout(self.first_byte_timeout, self.pool.send(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(format!(

@@ -83,7 +83,11 @@ impl LearnedWindows {
 /// The key of `model` as served by `upstream`: the same name may be another model (and
 /// window) at another provider.
 pub fn model_key(upstream: &str, model: &str) -> String {
-    let model = model.char_indices().nth(200).map_or(model, |(end, _)| &model[..end]);
+    // At most 200 bytes is at most 200 characters: only a longer name is walked.
+    let model = match model.len() <= 200 {
+        true => model,
+        false => model.char_indices().nth(200).map_or(model, |(end, _)| &model[..end]),
+    };
     let mut key = String::with_capacity(upstream.len() + 1 + model.len());
     key.push_str(upstream);
     key.push('|');
@@ -102,6 +106,10 @@ mod tests {
         let long = "é".repeat(250);
         assert_eq!(model_key("up", &long), format!("up|{}", "é".repeat(200)));
         assert_eq!(model_key("up", &long[..400]), format!("up|{}", "é".repeat(200)));
+        assert_eq!(model_key("up", &"m".repeat(200)), format!("up|{}", "m".repeat(200)));
+        assert_eq!(model_key("up", &"m".repeat(201)), format!("up|{}", "m".repeat(200)));
+        let mixed = format!("{}{}", "m".repeat(150), "é".repeat(40));
+        assert_eq!(model_key("up", &mixed), format!("up|{mixed}"), "190 characters in 230 bytes");
     }
 
     #[test]

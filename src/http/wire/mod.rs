@@ -53,13 +53,17 @@ impl From<LengthMismatch> for Error {
     }
 }
 
+/// A request for the upstream, boxed: it passes from the exchange through the deadline
+/// and the pool to a connection as a pointer, not as its few hundred bytes.
+pub type UpstreamRequest = Box<Request<ProxyBody>>;
+
 /// A failed exchange; `unsent` is the request when not one byte of it was written, so
 /// that it can go out on another connection.
 pub struct Failed {
     /// What went wrong.
     pub error: Error,
     /// The request, whole, when none of it reached the connection.
-    pub unsent: Option<Request<ProxyBody>>,
+    pub unsent: Option<UpstreamRequest>,
 }
 
 /// One HTTP/1.1 connection to the upstream, between exchanges.
@@ -92,7 +96,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// response head; the body is read as it is polled.
     pub async fn send(
         mut self,
-        request: Request<ProxyBody>,
+        request: UpstreamRequest,
     ) -> Result<Response<ResponseBody<T>>, Failed> {
         let (mut parts, mut body) = request.into_parts();
         let (framing, length) = codec::request_framing(
@@ -144,7 +148,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                             .headers
                             .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(length));
                     }
-                    Request::from_parts(parts, rest)
+                    Box::new(Request::from_parts(parts, rest))
                 });
                 return Err(Failed { error, unsent });
             }
