@@ -226,11 +226,15 @@ pub async fn serve<S: ClientService>(
 }
 
 /// Makes room in `buf` for `additional` more bytes. An empty buffer that is too small
-/// is replaced, not grown: growing would copy the bytes already consumed from it
-/// (`BytesMut` keeps them before its start until its allocation is reused).
+/// takes back its whole allocation when the last request's head and body no longer
+/// hold a part of it (no copy, and memory still in the cache), else is replaced, not
+/// grown: growing would copy the bytes already consumed from it (`BytesMut` keeps them
+/// before its start until its allocation is reused).
 fn room(buf: &mut BytesMut, additional: usize) {
     if buf.is_empty() && buf.capacity() < additional {
-        *buf = BytesMut::with_capacity(additional);
+        if !buf.try_reclaim(additional) {
+            *buf = BytesMut::with_capacity(additional);
+        }
     } else {
         buf.reserve(additional);
     }
@@ -802,6 +806,29 @@ mod tests {
         let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out));
         read.await.expect("closed within 10 s").unwrap();
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_read_buffer_is_taken_back_once_the_last_request_let_go_of_it() {
+        let mut buf = BytesMut::with_capacity(READ_SIZE);
+        buf.extend_from_slice(&[b'x'; 2048]);
+        let start = buf.as_ptr();
+        // The last request's head and body, parts of the same allocation.
+        let request = buf.split_to(2048).freeze();
+        room(&mut buf, READ_SIZE);
+        assert!(buf.capacity() >= READ_SIZE);
+        assert_ne!(buf.as_ptr(), start, "a part is still held: a new buffer");
+        drop(request);
+        let mut buf = BytesMut::with_capacity(READ_SIZE);
+        buf.extend_from_slice(&[b'y'; 2048]);
+        let start = buf.as_ptr();
+        drop(buf.split_to(2048).freeze());
+        room(&mut buf, READ_SIZE);
+        assert_eq!(buf.as_ptr(), start, "nothing holds it: the same allocation, from its start");
+        assert!(buf.capacity() >= READ_SIZE && buf.is_empty());
+        // A larger room than the allocation: a new, larger buffer.
+        room(&mut buf, 4 * READ_SIZE);
+        assert!(buf.capacity() >= 4 * READ_SIZE);
     }
 
     #[tokio::test]
