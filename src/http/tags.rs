@@ -6,8 +6,8 @@
 //! ([`Tags::apply`]). Either way a tag replaces any header of its name the answer
 //! brought (an upstream that is itself a foldgate).
 
+use http::Response;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{Extensions, Response};
 
 use crate::session::SessionKey;
 
@@ -64,12 +64,7 @@ pub struct Tags {
 impl Tags {
     /// The tags carried by `response`, made empty when it has none yet.
     pub fn on<B>(response: &mut Response<B>) -> &mut Tags {
-        Self::in_extensions(response.extensions_mut())
-    }
-
-    /// The tags in `extensions`, made empty when there are none yet.
-    pub fn in_extensions(extensions: &mut Extensions) -> &mut Tags {
-        extensions.get_or_insert_default::<Tags>()
+        response.extensions_mut().get_or_insert_default::<Tags>()
     }
 
     /// Whether `response` is foldgate's own answer (`x-foldgate-served-by`), its tags

@@ -847,7 +847,8 @@ mod tests {
             proptest::prop_assert_eq!(string_end(cut, before.len()), None);
         }
 
-        /// The last occurrence found quote by quote is the last occurrence.
+        /// The last occurrence found from the end by its first letter is the last one;
+        /// SSE lines mention usage exactly when they hold the quoted key.
         #[test]
         fn the_last_key_found_from_the_end_is_the_last(text in "[\"usage:a]{0,60}") {
             let key = b"\"usage\"";

@@ -12,8 +12,9 @@ use http::{Method, Response, StatusCode, Uri, Version};
 /// Most header lines a response head (or a trailer section) may have.
 pub const MAX_HEADERS: usize = 100;
 /// Room left in a parsed head's header map for the headers foldgate adds before
-/// passing it on (an answer's `x-foldgate-*` tags and request ids; a request's id and
-/// length), so that adding them does not grow the map.
+/// passing it on (an answer's request ids when it carries no tags, and the tags when
+/// HTTP/2 puts them in the map, see `crate::http::tags`; a request's id and length),
+/// so that adding them does not grow the map.
 pub const ADDED_HEADERS: usize = 10;
 /// Largest response head (status line and headers) accepted: about what hyper's client
 /// buffers for one.
