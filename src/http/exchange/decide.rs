@@ -7,13 +7,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::{Exchange, answers_whole};
+use super::{Exchange, answers_whole, out_of_line};
 use crate::conversation::{Caller, Counted, Decision, FoldWhen, Options, Overflow, WholeFold};
 use crate::http::dialect::{Dialect, OverflowSignals};
 use crate::http::record::Decided;
 use crate::learned::model_key;
 use crate::metrics::{OverflowRetry, model_label};
 use crate::model::ChatRequest;
+use crate::session::SessionKey;
 use crate::summarizer::llm::{ClientHeaders, Credential};
 use crate::vocab::Outcome;
 
@@ -60,29 +61,42 @@ impl<D: Dialect> Exchange<'_, D> {
         drop(outline);
         let (decision, key) = match quick {
             Some((report, key)) => (Decision::unchanged(report), key),
-            None => {
-                if self.parsed.is_none() {
-                    let Some(parsed) = parse(dialect, original) else { return false };
-                    self.parsed = Some(parsed);
-                }
-                let Some((request, origins)) = &self.parsed else { return false };
-                let key = dialect.session_key(headers, &routes.session_header, request);
-                let decision = if whole || dialect.server_state(origins) {
-                    // Answered from the whole conversation, or the provider holds it:
-                    // nothing here to compact.
-                    Decision::passthrough()
-                } else {
-                    let caller = caller(dialect, headers);
-                    routes.conversations.compact(&key, request, &caller, &options).await
-                };
-                (decision, key)
-            }
+            None => match out_of_line(self.decide_parsed(whole, options)).await {
+                Some(decided) => decided,
+                None => return false,
+            },
         };
         log_decision(&decision, false);
         let model = model_label(&model_name);
         let decided = Decided { key, model_name, model, learned, decision };
         self.record.decided = Some(Box::new(decided));
         true
+    }
+
+    /// Phase 3 for a request not clearly below the trigger: parsed (unless it was),
+    /// keyed, and given to the conversation stage; `None` when the dialect does not
+    /// understand it.
+    async fn decide_parsed(
+        &mut self,
+        whole: bool,
+        options: Options,
+    ) -> Option<(Decision, SessionKey)> {
+        let (dialect, routes) = (self.place.dialect, self.place.routes);
+        if self.parsed.is_none() {
+            self.parsed = Some(parse(dialect, &self.prepared.body)?);
+        }
+        let (request, origins) = self.parsed.as_ref()?;
+        let headers = &self.headers;
+        let key = dialect.session_key(headers, &routes.session_header, request);
+        let decision = if whole || dialect.server_state(origins) {
+            // Answered from the whole conversation, or the provider holds it: nothing
+            // here to compact.
+            Decision::passthrough()
+        } else {
+            let caller = caller(dialect, headers);
+            routes.conversations.compact(&key, request, &caller, &options).await
+        };
+        Some((decision, key))
     }
 
     /// The body to forward: the prepared body (as it was before a chain was expanded

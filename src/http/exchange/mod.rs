@@ -258,14 +258,17 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         if self.received.content().is_none() {
             // Compressed in a way foldgate cannot undo: forwarded as received, uncompacted.
             self.headers = self.parts.headers.clone();
-            return self.untaken().await;
+            return out_of_line(self.untaken()).await;
         }
         self.steer = steer_of(&self.place.routes.steer, &self.parts.headers)
             .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
         let mut serve = self.foldgate_serves();
         loop {
             let may_refuse = self.prepare(serve)?;
-            self.expand_chain().await;
+            self.continued = None;
+            if let Some(id) = self.place.dialect.continues(&self.prepared.body) {
+                out_of_line(self.expand_chain(id)).await;
+            }
             if !self.decide().await {
                 if self.prepared.served.as_ref().is_some_and(|s| s.answered_here()) {
                     return Err(ProxyError::InvalidRequest(
@@ -273,9 +276,12 @@ impl<'a, D: Dialect> Exchange<'a, D> {
                     ));
                 }
                 // A body foldgate does not understand goes as it is; the upstream answers.
-                return self.untaken().await;
+                return out_of_line(self.untaken()).await;
             }
-            let addition = self.serve_provider_api().await?;
+            let addition = match self.prepared.served.is_some() {
+                true => out_of_line(self.serve_provider_api()).await?,
+                false => None,
+            };
             if let Some(Addition::Answer { body, events }) = addition {
                 // foldgate's own answer: the upstream is never asked.
                 let response = answer::local(body, events);
@@ -284,7 +290,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             let response = self.forward(self.body()).await?;
             let first = match self.read_answer(response, may_refuse).await {
                 Read::Refused => {
-                    self.learn_refused().await;
+                    out_of_line(self.learn_refused()).await;
                     serve = true;
                     continue;
                 }
@@ -294,7 +300,7 @@ impl<'a, D: Dialect> Exchange<'a, D> {
                 Some(error) => {
                     // The first send took the headers: the retry forwards them again.
                     self.headers = self.forwarded_headers();
-                    self.retry_after_overflow(error).await
+                    out_of_line(self.retry_after_overflow(error)).await
                 }
                 None => None,
             };
@@ -354,13 +360,11 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         }
     }
 
-    /// Phase 2b: a body continuing a Responses chain foldgate stored is read as the whole
-    /// conversation; the body as prepared is kept, to be forwarded as received when it
-    /// is not compacted. A chain foldgate does not know leaves the body as it is.
-    async fn expand_chain(&mut self) {
+    /// Phase 2b: a body continuing the Responses chain `id` foldgate stored is read as
+    /// the whole conversation; the body as prepared is kept, to be forwarded as received
+    /// when it is not compacted. A chain foldgate does not know leaves the body as it is.
+    async fn expand_chain(&mut self, id: String) {
         let Place { routes, dialect, .. } = self.place;
-        self.continued = None;
-        let Some(id) = dialect.continues(&self.prepared.body) else { return };
         let key = ChainScope::of(&self.parts.headers).key(&id);
         let stored = routes.conversations.load_chain(&key).await;
         let expanded = stored.and_then(|items| dialect.expand_chain(&self.prepared.body, &items));
@@ -504,6 +508,14 @@ impl<'a, D: Dialect> Exchange<'a, D> {
         }
         record.watch(response, upstream, ends)
     }
+}
+
+/// `future` boxed: a phase most requests never reach is polled out of line, so that
+/// neither its state nor its code sits in the exchange's, which every request walks.
+fn out_of_line<'f, T>(
+    future: impl std::future::Future<Output = T> + Send + 'f,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'f>> {
+    Box::pin(future)
 }
 
 /// Compaction instructions for one conversation (`x-foldgate-compact-instructions`).
