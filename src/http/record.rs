@@ -307,7 +307,10 @@ impl BodyObserver for Recorder {
     }
 
     fn end(&mut self, _: BodyEnd) {
-        let found = self.usage.as_mut().and_then(UsageReader::finish);
+        // The answering model names the usage's label when the request has no model of
+        // its own, and goes in the span.
+        let model = self.record.model().is_none() || !self.span.is_disabled();
+        let found = self.usage.as_mut().and_then(|usage| usage.finish(model));
         let AnswerEnds { metrics, inspection, calibration } = &mut self.ends;
         self.record.write_request(metrics, &self.span);
         let usage = found.as_ref().map(|(usage, _)| *usage);

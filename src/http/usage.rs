@@ -194,9 +194,10 @@ impl UsageReader {
         self.read(data);
     }
 
-    /// The usage the answer carried, and the model it names as having answered.
-    pub fn finish(&mut self) -> Option<(Usage, Option<String>)> {
-        self.found().map(|(usage, model)| (usage, model.map(Cow::into_owned)))
+    /// The usage the answer carried, and (when `model`) the model it names as having
+    /// answered: without it, a JSON answer is not looked at from its start.
+    pub fn finish(&mut self, model: bool) -> Option<(Usage, Option<String>)> {
+        self.found(model).map(|(usage, named)| (usage, named.map(Cow::into_owned)))
     }
 
     fn read(&mut self, data: &Bytes) {
@@ -231,13 +232,13 @@ impl UsageReader {
     }
 
     /// The usage found in what was read.
-    fn found(&mut self) -> Option<(Usage, Option<Cow<'_, str>>)> {
+    fn found(&mut self, model: bool) -> Option<(Usage, Option<Cow<'_, str>>)> {
         match &mut self.format {
             Format::Json { frames, .. } => match frames.as_slice() {
-                [one] => usage_in(one),
+                [one] => usage_in_with(one, model),
                 many => {
                     let joined = many.concat();
-                    let (usage, model) = usage_in(&joined)?;
+                    let (usage, model) = usage_in_with(&joined, model)?;
                     Some((usage, model.map(|m| Cow::Owned(m.into_owned()))))
                 }
             },
@@ -298,6 +299,12 @@ fn mentions_usage(line: &[u8]) -> bool {
 /// The usage in a JSON answer (top-level, under `response` in Responses API events, or
 /// under `message` in Anthropic's `message_start`) and the model that answered, as named.
 fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
+    usage_in_with(json, true)
+}
+
+/// [`usage_in`], the model looked for only when `model` (it may still be named when the
+/// usage was not found from the end).
+fn usage_in_with(json: &[u8], model: bool) -> Option<(Usage, Option<Cow<'_, str>>)> {
     // Most answers end with their usage (chat completions, Messages, Responses): found
     // from the end, only the model is looked for from the start. The answer's text, in
     // between, is not walked.
@@ -308,6 +315,9 @@ fn usage_in(json: &[u8]) -> Option<(Usage, Option<Cow<'_, str>>)> {
         let end = read.as_ref().map(|&(_, end)| end).or_else(|| value_end(json, start));
         let top = end.filter(|&end| closes_outermost(json, end));
         if top.is_some_and(|end| &json[start..end] != b"null") {
+            if !model {
+                return Some((read?.0, None));
+            }
             let model = first_member(json, b"model").filter(|m| *m != b"null");
             return Some((read?.0, model.and_then(string_value)));
         }
@@ -599,7 +609,7 @@ mod tests {
         for chunk in chunks {
             reader.observe(&Bytes::copy_from_slice(chunk.as_bytes()));
         }
-        reader.finish()
+        reader.finish(true)
     }
 
     #[test]
@@ -631,7 +641,7 @@ mod tests {
         headers.insert(http::header::CONTENT_ENCODING, "gzip".parse().unwrap());
         let mut reader = UsageReader::for_answer(&headers);
         reader.observe(&Bytes::from_static(br#"{"usage":{"prompt_tokens":1}}"#));
-        assert_eq!(reader.finish(), None);
+        assert_eq!(reader.finish(true), None);
     }
 
     #[test]
@@ -827,6 +837,9 @@ mod tests {
             };
             let json = text.as_bytes();
             proptest::prop_assert_eq!(usage_in(json), usage_in_members(json), "{}", text);
+            // Without the model, the same usage.
+            let usage = usage_in(json).map(|(usage, _)| usage);
+            proptest::prop_assert_eq!(usage_in_with(json, false).map(|(u, _)| u), usage);
         }
     }
 
