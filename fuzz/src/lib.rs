@@ -214,7 +214,10 @@ fn tap(content_type: &str, body: &[u8], sizes: &[usize]) -> Option<Usage> {
         reader.observe(&Bytes::copy_from_slice(&body[start..end]));
         start = end;
     }
-    reader.finish().map(|(usage, _)| usage)
+    // The same usage whether the answering model is read or not.
+    let usage = reader.finish(true).map(|(usage, _)| usage);
+    assert_eq!(reader.finish(false).map(|(usage, _)| usage), usage, "usage without the model");
+    usage
 }
 
 /// The readers of upstream error answers: overflow, the window stated, and a field
