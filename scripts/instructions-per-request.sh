@@ -19,7 +19,12 @@
 # `API=responses` sends the same conversation as a Responses API request (`instructions`,
 # `input` items with function calls and their outputs) to `/v1/responses`.
 #
-# Usage: [BODY_KB=2] [API=chat|responses] [BIN=path/to/foldgate] \
+# `SHAPE=bench` shapes the exchange as the latency bench (benches/proxy_latency.rs)
+# does: the request's keys sorted and compact, as `serde_json` writes them, and the
+# bench's answer (its `MOCK_RESPONSE`, with OpenAI's full usage details) instead of the
+# short one.
+#
+# Usage: [BODY_KB=2] [API=chat|responses] [SHAPE=plain|bench] [BIN=path/to/foldgate] \
 #        scripts/instructions-per-request.sh [N]   (default N 2000)
 # Needs valgrind, nginx and python3 (apt-get install -y valgrind nginx python3).
 set -euo pipefail
@@ -28,6 +33,9 @@ N=${1:-2000}
 BODY_KB=${BODY_KB:-2}
 API=${API:-chat}
 case "$API" in chat|responses) ;; *) echo "API is chat or responses, not $API" >&2; exit 2 ;; esac
+SHAPE=${SHAPE:-plain}
+case "$SHAPE" in plain|bench) ;; *) echo "SHAPE is plain or bench, not $SHAPE" >&2; exit 2 ;; esac
+export SHAPE
 for tool in valgrind callgrind_control callgrind_annotate python3; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install -y valgrind python3)" >&2; exit 1; }
 done
@@ -46,10 +54,13 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 MOCK_PORT=$(free_port); FG_PORT=$(free_port); NG_PORT=$(free_port)
 
 cat >"$work/mock.py" <<'EOF'
-import asyncio, sys
+import asyncio, os, sys
 BODY = ('{"id":"chatcmpl-x","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,'
         '"message":{"role":"assistant","content":"' + 'a' * 1050 + '"},"finish_reason":"stop"}],'
         '"usage":{"prompt_tokens":500,"completion_tokens":20,"total_tokens":520}}').encode()
+if os.environ["SHAPE"] == "bench":
+    # benches/proxy_latency.rs, MOCK_RESPONSE.
+    BODY = b'{"id":"chatcmpl-proxybench0001","object":"chat.completion","created":1763800000,"model":"gpt-4o-mini-2024-07-18","choices":[{"index":0,"message":{"role":"assistant","content":"The failing test comes from the retry loop in `fetch_with_backoff`: the deadline is computed once before the loop, so after the first timeout every later attempt starts with no time left and fails immediately. Move the deadline computation inside the loop, or pass the remaining budget explicitly to each attempt. I also noticed that the error from the last attempt is discarded; returning it instead of a generic timeout error will make the logs far easier to read. Here is the smallest change that fixes both issues without touching the public signature of the function, and a regression test that fails before the change and passes after it.","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":512,"completion_tokens":118,"total_tokens":630,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_proxybench"}'
 RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY) + BODY
 async def handle(reader, writer):
     try:
@@ -71,8 +82,10 @@ async def main():
 asyncio.run(main())
 EOF
 cat >"$work/load.py" <<'EOF'
-import http.client, json, sys
+import http.client, json, os, sys
 port, n, size, api = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) * 1024, sys.argv[4]
+# The bench's request: keys sorted, no spaces (as serde_json writes its json! values).
+compact = {"sort_keys": True, "separators": (",", ":")} if os.environ["SHAPE"] == "bench" else {}
 words = "the parser reads each frame and the writer flushes buffered output to disk".split()
 def prose(n, seed):
     out = []
@@ -96,7 +109,7 @@ def envelope(messages, last):
                            "input": items(messages + [{"role": "user", "content": last}]),
                            "temperature": 0.2, "max_output_tokens": 1024, "stream": False}).encode()
     return json.dumps({"model": "gpt-4o-mini", "messages": messages + [{"role": "user", "content": last}],
-                       "temperature": 0.2, "max_tokens": 1024, "stream": False}).encode()
+                       "temperature": 0.2, "max_tokens": 1024, "stream": False}, **compact).encode()
 messages = [{"role": "system", "content": prose(600, 1)}]
 turn = 0
 while len(envelope(messages, "")) + 1500 < size:
