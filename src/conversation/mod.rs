@@ -375,6 +375,12 @@ impl Conversations {
         self.inner.learned.windows.get(model_key)
     }
 
+    /// [`Conversations::learned_window`] of the key `model_key` makes, made only when
+    /// some window was learned.
+    pub fn learned_window_by(&self, model_key: impl FnOnce() -> String) -> Option<usize> {
+        self.inner.learned.windows.get_by(model_key)
+    }
+
     /// Remembers the window a provider stated for `model_key` (and shares it through a
     /// shared store); true when it was not known (or was larger).
     pub async fn learn_window(&self, model_key: &str, tokens: usize) -> bool {

@@ -44,6 +44,15 @@ impl LearnedWindows {
         self.map.get(model).filter(|e| e.1.elapsed() < WINDOW_TTL).map(|e| e.0)
     }
 
+    /// [`LearnedWindows::get`] of the key `model` makes, made only once any window was
+    /// learned (most processes never learn one).
+    pub fn get_by(&self, model: impl FnOnce() -> String) -> Option<usize> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        self.get(&model())
+    }
+
     /// Remembers `window` for `model`; true when it is new or smaller than before (a
     /// window only shrinks: a larger stated one may come from another deployment).
     pub fn learn(&self, model: &str, window: usize) -> bool {

@@ -71,6 +71,21 @@ struct Kept {
     generation: u64,
 }
 
+impl Kept {
+    /// A slot that matches no body (its end is past any).
+    fn empty() -> Self {
+        Self {
+            body: Bytes::new(),
+            end: usize::MAX,
+            opened: 0,
+            fields: Vec::new(),
+            messages: Vec::new(),
+            memo: None,
+            generation: 0,
+        }
+    }
+}
+
 /// What a body takes from a kept outline (see [`resume`]).
 pub(super) struct Resumed {
     /// The top-level fields before `messages`: where each key's text and value lie.
@@ -171,23 +186,20 @@ pub(super) fn keep(
     if !in_order {
         return None;
     }
+    // Each key where it lies in the body, before its value.
     let base = body.as_ptr() as usize;
-    let fields: Option<Vec<_>> = fields[..before]
-        .iter()
-        .map(|(key, value)| {
-            let at = (key.as_ptr() as usize).checked_sub(base)?;
-            (at + key.len() <= value.start).then(|| (at..at + key.len(), value.clone()))
-        })
-        .collect();
-    let fields = fields?;
-    let messages = outline.messages.clone();
+    let placed = |(key, value): &(&[u8], Range<usize>)| {
+        let at = (key.as_ptr() as usize).checked_sub(base)?;
+        (at + key.len() <= value.start).then(|| (at..at + key.len(), value.clone()))
+    };
+    if !fields[..before].iter().all(|field| placed(field).is_some()) {
+        return None;
+    }
     let memo = outline.resumed.and_then(|resumed| resumed.memo);
-    let kept = Kept { body: shared.clone(), end, opened, fields, messages, memo, generation: 0 };
     THREAD.with(|thread| {
         let mut thread = thread.borrow_mut();
         thread.generations += 1;
         let generation = thread.generations;
-        let kept = Kept { generation, ..kept };
         let slot = match thread.resumed_from.take() {
             Some(slot) => slot,
             None => {
@@ -196,26 +208,22 @@ pub(super) fn keep(
                 slot
             }
         };
-        if slot < thread.kept.len() {
-            thread.kept[slot] = kept;
-        } else {
-            thread.kept.push(kept);
+        if slot >= thread.kept.len() {
+            thread.kept.push(Kept::empty());
         }
+        // The outline it replaces lends its vectors: a body continuing it allocates
+        // nothing here.
+        let kept = &mut thread.kept[slot];
+        kept.messages.clone_from(&outline.messages);
+        kept.fields.clear();
+        kept.fields.extend(fields[..before].iter().filter_map(placed));
+        kept.body = shared.clone();
+        (kept.end, kept.opened, kept.memo, kept.generation) = (end, opened, memo, generation);
         // Past the bytes kept, the other outlines go, oldest slot first.
         let mut drop_at = (slot + 1) % KEPT;
         while thread.bytes() > KEPT_BYTES && thread.kept.len() > 1 {
             if drop_at < thread.kept.len() && drop_at != slot {
-                // An emptied slot matches no body (its end is past any).
-                let emptied = Kept {
-                    body: Bytes::new(),
-                    end: usize::MAX,
-                    opened: 0,
-                    fields: Vec::new(),
-                    messages: Vec::new(),
-                    memo: None,
-                    generation: 0,
-                };
-                thread.kept[drop_at] = emptied;
+                thread.kept[drop_at] = Kept::empty();
             }
             drop_at = (drop_at + 1) % KEPT;
             if drop_at == slot {

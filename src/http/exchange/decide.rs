@@ -41,8 +41,8 @@ impl<D: Dialect> Exchange<'_, D> {
             },
         };
         let model_name = model_name.unwrap_or_default();
-        self.model_key = model_key(self.place.upstream.name(), &model_name);
-        let learned = routes.conversations.learned_window(&self.model_key);
+        let upstream = self.place.upstream.name();
+        let learned = routes.conversations.learned_window_by(|| model_key(upstream, &model_name));
         let steer = self.steer.clone().unwrap_or_else(|| routes.steer.clone());
         let options = Options {
             window_cap: learned,
@@ -144,9 +144,11 @@ impl<D: Dialect> Exchange<'_, D> {
         let stated = dialect.overflow().stated_window(error_body);
         let conversations = &routes.conversations;
         if let Some(window) = stated {
-            if conversations.learn_window(&self.model_key, window).await {
+            let model_name = self.record.decided.as_ref().map_or("", |d| &d.model_name);
+            let model_key = model_key(self.place.upstream.name(), model_name);
+            if conversations.learn_window(&model_key, window).await {
                 self.record.learned_window = true;
-                tracing::info!(model = %self.model_key, window, "context window learned from an overflow error");
+                tracing::info!(model = %model_key, window, "context window learned from an overflow error");
             }
         }
         if !self.parsed_here() {

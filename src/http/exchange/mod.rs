@@ -164,8 +164,6 @@ pub struct Exchange<'a, D: Dialect> {
     /// The parsed request and the origins of its messages; `None` until parsed (a
     /// request decided from its outline never is).
     parsed: Option<(Arc<ChatRequest>, D::Origins)>,
-    /// The request's key among learned windows.
-    model_key: String,
     /// What the request's headers add to the operator's instructions and pins, once
     /// read (`None`: nothing).
     steer: Option<Steer>,
@@ -235,7 +233,6 @@ impl<'a, D: Dialect> Exchange<'a, D> {
             continued: None,
             as_received: None,
             parsed: None,
-            model_key: String::new(),
             steer: None,
             record,
         })
