@@ -22,7 +22,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -83,12 +83,33 @@ struct Socket {
 
 impl Socket {
     /// Reads into the spare capacity of `buf`.
+    ///
+    /// A read that leaves some of that capacity unfilled has drained the socket, and
+    /// clears its readiness with it, as tokio's own `AsyncRead` does: the next look at
+    /// the socket (the watch for a client that leaves, the next request's head) waits
+    /// for the next event instead of making a system call that finds nothing. An end of
+    /// stream stays ready (tokio never clears a closed state).
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
-            match self.stream.try_read_buf(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                result => return Poll::Ready(result),
+            let room = buf.capacity() - buf.len();
+            let mut read = None;
+            // `try_io` clears the readiness it was given when the closure says WouldBlock.
+            let result = self.stream.try_io(Interest::READABLE, || {
+                let n = self.stream.try_read_buf(buf)?;
+                read = Some(n);
+                match n > 0 && n < room {
+                    true => Err(io::ErrorKind::WouldBlock.into()),
+                    false => Ok(n),
+                }
+            });
+            match (result, read) {
+                (Ok(n), _) => return Poll::Ready(Ok(n)),
+                (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Poll::Ready(Ok(n));
+                }
+                (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {}
+                (Err(e), _) => return Poll::Ready(Err(e)),
             }
         }
     }
@@ -901,5 +922,51 @@ mod tests {
         let answer = read_to_close(&mut stream).await;
         assert!(answer.starts_with("HTTP/1.1 101 Switching Protocols\r\n"), "{answer}");
         assert!(answer.ends_with("\r\n\r\nping"), "{answer}");
+    }
+
+    /// A connected pair: foldgate's side as a [`Socket`], and the client's stream.
+    async fn socket_pair() -> (Socket, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        (Socket { stream, returned: Mutex::new(None) }, client)
+    }
+
+    /// Polls `socket` for a read once, without waiting.
+    fn read_once(socket: &Socket, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        socket.poll_read(&mut Context::from_waker(std::task::Waker::noop()), buf)
+    }
+
+    #[tokio::test]
+    async fn a_read_that_drains_the_socket_leaves_it_waiting_for_the_next_bytes() {
+        let (socket, mut client) = socket_pair().await;
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut buf = BytesMut::with_capacity(4096);
+        let read = poll_fn(|cx| socket.poll_read(cx, &mut buf)).await.unwrap();
+        assert_eq!(read, 18);
+        // Drained: no stale readiness sends the next look into a read that finds nothing.
+        let mut noop = Context::from_waker(std::task::Waker::noop());
+        assert!(socket.stream.poll_read_ready(&mut noop).is_pending());
+        // The next bytes wake it, and an end of stream after them is still seen.
+        client.write_all(b"more").await.unwrap();
+        client.shutdown().await.unwrap();
+        let read = poll_fn(|cx| socket.poll_read(cx, &mut buf)).await.unwrap();
+        assert_eq!(&buf[18..18 + read], b"more");
+        let end = poll_fn(|cx| socket.poll_read(cx, &mut buf)).await.unwrap();
+        assert_eq!(end, 0);
+    }
+
+    #[tokio::test]
+    async fn a_read_that_fills_the_buffer_keeps_the_socket_ready() {
+        let (socket, mut client) = socket_pair().await;
+        client.write_all(&[b'x'; 100]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut buf = BytesMut::with_capacity(64);
+        let first = poll_fn(|cx| socket.poll_read(cx, &mut buf)).await.unwrap();
+        assert_eq!(first, buf.len());
+        // Bytes may be left: the next read takes them at once.
+        buf.reserve(4096);
+        let Poll::Ready(rest) = read_once(&socket, &mut buf) else { panic!("not ready") };
+        assert_eq!(first + rest.unwrap(), 100);
     }
 }
