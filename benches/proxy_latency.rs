@@ -844,7 +844,7 @@ impl Report {
             "Setup: one process holds the load generator and the mock upstream (hyper 1, reads the
 whole request, answers a {resp} B `chat.completion`); nginx ({nginx}, `worker_processes
 {workers}`, keep-alive upstream pool, `proxy_request_buffering off`, `proxy_buffering
-off`, no access log) and two foldgate processes (bench-profile build) run as child
+off`, no access log) and two foldgate processes ({build}) run as child
 processes, all on 127.0.0.1: `foldgate` in the default configuration, as users run it
 (compaction on, log level `info`: one access-log line per request, written to a file),
 and `foldgate, compaction off` (the same with `compaction.enabled = false`). Every
@@ -855,6 +855,11 @@ process per core.",
             resp = MOCK_RESPONSE.len(),
             nginx = self.nginx_version,
             workers = settings.nginx_workers,
+            build = match std::env::var_os("PROXYBENCH_FOLDGATE_BIN") {
+                Some(_) => "`PROXYBENCH_FOLDGATE_BIN`; `scripts/bench-proxy.sh` sets it to \
+                    the binary `cargo build --release` makes, the one users run",
+                None => "the bench-profile build, with the dev-dependencies' features",
+            },
         )
     }
 }
