@@ -37,48 +37,6 @@ import sys
 import tempfile
 import time
 
-# benches/proxy_latency.rs, MOCK_RESPONSE.
-ANSWER = (
-    b'{"id":"chatcmpl-proxybench0001","object":"chat.completion","created":1763800000,'
-    b'"model":"gpt-4o-mini-2024-07-18","choices":[{"index":0,"message":{"role":"assistant",'
-    b'"content":"The failing test comes from the retry loop in `fetch_with_backoff`: the '
-    b"deadline is computed once before the loop, so after the first timeout every later "
-    b"attempt starts with no time left and fails immediately. Move the deadline computation "
-    b"inside the loop, or pass the remaining budget explicitly to each attempt. I also noticed "
-    b"that the error from the last attempt is discarded; returning it instead of a generic "
-    b"timeout error will make the logs far easier to read. Here is the smallest change that "
-    b"fixes both issues without touching the public signature of the function, and a "
-    b'regression test that fails before the change and passes after it.","refusal":null,'
-    b'"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":512,'
-    b'"completion_tokens":118,"total_tokens":630,"prompt_tokens_details":{"cached_tokens":0,'
-    b'"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,'
-    b'"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default",'
-    b'"system_fingerprint":"fp_proxybench"}'
-)
-
-MOCK = """
-import asyncio, sys
-ANSWER = %r
-RESPONSE = b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: %%d\\r\\n\\r\\n" %% len(ANSWER) + ANSWER
-async def handle(reader, writer):
-    try:
-        while True:
-            head = await reader.readuntil(b"\\r\\n\\r\\n")
-            length = 0
-            for line in head.split(b"\\r\\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            if length:
-                await reader.readexactly(length)
-            writer.write(RESPONSE)
-    except Exception:
-        writer.close()
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
-    async with server:
-        await server.serve_forever()
-asyncio.run(main())
-""" % ANSWER
 
 NGINX = """daemon off; master_process on; worker_processes auto; pid {d}/nginx.pid;
 error_log {d}/nginx-error.log warn;
@@ -239,7 +197,8 @@ def main():
     processes = []
     try:
         upstream = free_port()
-        mock = subprocess.Popen([sys.executable, "-c", MOCK, str(upstream)])
+        mock_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mock-chat-upstream.py")
+        mock = subprocess.Popen([sys.executable, mock_script, str(upstream), "bench"])
         processes.append(mock)
         wait_port(upstream, mock, "the mock upstream")
         targets = []
