@@ -370,13 +370,8 @@ impl Conversations {
         self.compact(key, request, caller, &options).await
     }
 
-    /// The context window learned for `model_key` (see [`crate::learned::model_key`]).
-    pub fn learned_window(&self, model_key: &str) -> Option<usize> {
-        self.inner.learned.windows.get(model_key)
-    }
-
-    /// [`Conversations::learned_window`] of the key `model_key` makes, made only when
-    /// some window was learned.
+    /// The context window learned for the key `model_key` makes (see
+    /// [`crate::learned::model_key`]), made only when some window was learned.
     pub fn learned_window_by(&self, model_key: impl FnOnce() -> String) -> Option<usize> {
         self.inner.learned.windows.get_by(model_key)
     }
