@@ -83,27 +83,38 @@ struct Socket {
 
 impl Socket {
     /// Reads into the spare capacity of `buf`.
-    ///
-    /// A read that leaves some of that capacity unfilled has drained the socket, and
-    /// clears its readiness with it, as tokio's own `AsyncRead` does: the next look at
-    /// the socket (the watch for a client that leaves, the next request's head) waits
-    /// for the next event instead of making a system call that finds nothing. An end of
-    /// stream stays ready (tokio never clears a closed state).
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        let room = buf.capacity() - buf.len();
+        self.poll_read_with(cx, room, || self.stream.try_read_buf(buf))
+    }
+
+    /// Polls `read`, a read of at most `room` bytes from the socket, until it reads or
+    /// fails.
+    ///
+    /// A read that leaves some of the room unfilled has drained the socket, and clears
+    /// its readiness with it, as tokio's own `AsyncRead` does: the next look at the
+    /// socket (the watch for a client that leaves, the next request's head) waits for
+    /// the next event instead of making a system call that finds nothing. An end of
+    /// stream stays ready (tokio never clears a closed state).
+    fn poll_read_with(
+        &self,
+        cx: &mut Context<'_>,
+        room: usize,
+        mut read: impl FnMut() -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
-            let room = buf.capacity() - buf.len();
-            let mut read = None;
+            let mut done = None;
             // `try_io` clears the readiness it was given when the closure says WouldBlock.
             let result = self.stream.try_io(Interest::READABLE, || {
-                let n = self.stream.try_read_buf(buf)?;
-                read = Some(n);
+                let n = read()?;
+                done = Some(n);
                 match n > 0 && n < room {
                     true => Err(io::ErrorKind::WouldBlock.into()),
                     false => Ok(n),
                 }
             });
-            match (result, read) {
+            match (result, done) {
                 (Ok(n), _) => return Poll::Ready(Ok(n)),
                 (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => {
                     return Poll::Ready(Ok(n));
@@ -714,19 +725,13 @@ impl AsyncRead for ClientIo {
             self.prefix.advance(take);
             return Poll::Ready(Ok(()));
         }
-        loop {
-            ready!(self.socket.stream.poll_read_ready(cx))?;
-            // SAFETY-free: `try_read` fills an initialized slice.
-            let unfilled = out.initialize_unfilled();
-            match self.socket.stream.try_read(unfilled) {
-                Ok(read) => {
-                    out.advance(read);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        // SAFETY-free: `try_read` fills an initialized slice.
+        let unfilled = out.initialize_unfilled();
+        let room = unfilled.len();
+        let socket = &self.socket;
+        let read = ready!(socket.poll_read_with(cx, room, || socket.stream.try_read(unfilled)))?;
+        out.advance(read);
+        Poll::Ready(Ok(()))
     }
 }
 
