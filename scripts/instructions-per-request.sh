@@ -13,18 +13,20 @@
 # latency bench sends. Sequential keep-alive requests warm it up, the counters are
 # zeroed, N more requests are counted. Prints instructions per request and the ratios to
 # nginx; `KEEP_PROFILES=1` also keeps foldgate's callgrind files
-# (target/foldgate-default.callgrind, target/foldgate-off.callgrind; open with
-# callgrind_annotate --inclusive=yes).
+# (target/foldgate-default.callgrind, target/foldgate-off.callgrind, counted by
+# instruction; open with callgrind_annotate --inclusive=yes).
 #
 # `API=responses` sends the same conversation as a Responses API request (`instructions`,
-# `input` items with function calls and their outputs) to `/v1/responses`.
+# `input` items with function calls and their outputs) to `/v1/responses`; `API=messages`
+# as an Anthropic Messages request (`system`, `tool_use` and `tool_result` blocks) to
+# `/v1/messages`, answered by the mock in the Messages shape.
 #
 # `SHAPE=bench` shapes the exchange as the latency bench (benches/proxy_latency.rs)
 # does: the request's keys sorted and compact, as `serde_json` writes them, and the
 # bench's answer (its `MOCK_RESPONSE`, with OpenAI's full usage details) instead of the
 # short one.
 #
-# Usage: [BODY_KB=2] [API=chat|responses] [SHAPE=plain|bench] [BIN=path/to/foldgate] \
+# Usage: [BODY_KB=2] [API=chat|responses|messages] [SHAPE=plain|bench] [BIN=path/to/foldgate] \
 #        scripts/instructions-per-request.sh [N]   (default N 2000)
 # Needs valgrind, nginx and python3 (apt-get install -y valgrind nginx python3).
 set -euo pipefail
@@ -32,7 +34,7 @@ cd "$(dirname "$0")/.."
 N=${1:-2000}
 BODY_KB=${BODY_KB:-2}
 API=${API:-chat}
-case "$API" in chat|responses) ;; *) echo "API is chat or responses, not $API" >&2; exit 2 ;; esac
+case "$API" in chat|responses|messages) ;; *) echo "API is chat, responses or messages, not $API" >&2; exit 2 ;; esac
 SHAPE=${SHAPE:-plain}
 case "$SHAPE" in plain|bench) ;; *) echo "SHAPE is plain or bench, not $SHAPE" >&2; exit 2 ;; esac
 export SHAPE
@@ -75,7 +77,24 @@ def items(messages):
         else:
             out.append({"role": m["role"], "content": m["content"]})
     return out
+def blocks(messages):
+    out = []
+    for m in messages[1:]:
+        if m.get("tool_calls"):
+            out.append({"role": "assistant", "content": [
+                {"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                 "input": json.loads(c["function"]["arguments"])} for c in m["tool_calls"]]})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
 def envelope(messages, last):
+    if api == "messages":
+        return json.dumps({"model": "claude-sonnet-4-5", "system": messages[0]["content"],
+                           "messages": blocks(messages + [{"role": "user", "content": last}]),
+                           "max_tokens": 1024, "stream": False}, **compact).encode()
     if api == "responses":
         return json.dumps({"model": "gpt-4o-mini", "instructions": messages[0]["content"],
                            "input": items(messages + [{"role": "user", "content": last}]),
@@ -95,9 +114,12 @@ while len(envelope(messages, "")) + 1500 < size:
 body = envelope(messages, prose(max(0, size - len(envelope(messages, ""))), turn))
 connection = http.client.HTTPConnection("127.0.0.1", port)
 for _ in range(n):
-    path = "/v1/responses" if api == "responses" else "/v1/chat/completions"
-    connection.request("POST", path, body=body,
-                       headers={"content-type": "application/json", "authorization": "Bearer sk-test"})
+    path = {"responses": "/v1/responses", "messages": "/v1/messages"}.get(api, "/v1/chat/completions")
+    headers = {"content-type": "application/json", "authorization": "Bearer sk-test"}
+    if api == "messages":
+        headers = {"content-type": "application/json", "x-api-key": "sk-ant-test",
+                   "anthropic-version": "2023-06-01"}
+    connection.request("POST", path, body=body, headers=headers)
     response = connection.getresponse()
     response.read()
     assert response.status == 200, response.status
@@ -122,11 +144,15 @@ wait_port() {
     echo "nothing listens on $1 ($2)" >&2; tail -30 "$work/$2.err" >&2; exit 1
 }
 
+# Kept profiles count by instruction too (scripts/hot-functions.sh reads them).
+dump_instr=()
+[ "${KEEP_PROFILES:-0}" = 1 ] && dump_instr=(--dump-instr=yes)
+
 # count NAME PORT CMD...: instructions per request of CMD proxying to the mock.
 count() {
     local name=$1 port=$2; shift 2
     local out="$work/$name.callgrind"
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >/dev/null 2>"$work/$name.err" & local pid=$!
+    valgrind --tool=callgrind "${dump_instr[@]}" --callgrind-out-file="$out" "$@" >/dev/null 2>"$work/$name.err" & local pid=$!
     pids+=("$pid")
     wait_port "$port" "$name"
     python3 "$work/load.py" "$port" 300 "$BODY_KB" "$API"
@@ -145,6 +171,7 @@ count() {
 foldgate_env() {
     export FOLDGATE_SERVER__WORKERS=1 FOLDGATE_LISTEN=127.0.0.1:$FG_PORT
     export FOLDGATE_UPSTREAM_URL=http://127.0.0.1:$MOCK_PORT/v1
+    export FOLDGATE_UPSTREAM__ANTHROPIC_URL=http://127.0.0.1:$MOCK_PORT
 }
 fg=$(foldgate_env; count foldgate-default "$FG_PORT" "$BIN" serve)
 off=$(foldgate_env; export FOLDGATE_COMPACTION__ENABLED=false

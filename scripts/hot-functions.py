@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Writes linker/hot-functions.txt: the functions a proxied request runs, which build.rs
+has the linker place side by side at the start of the binary's text.
+
+Spread over the binary, the code of one request touched about 160 pages of 4 KiB; the
+caches and TLBs lose it between requests (the client, the upstream and the kernel run
+in between), so each request fetched them again. Placed together, the same code takes
+far fewer pages. docs/PERFORMANCE.md has the figures.
+
+The list is taken from callgrind profiles of the release binary as users build it
+(scripts/instructions-per-request.sh, KEEP_PROFILES=1): chat completions, Responses and
+Messages requests of 2 KiB and 50 KiB, compaction on and off. A function is listed when
+some instruction of it ran on at least 90 % of the counted requests of a profile. Those
+that more profiles run come first (the server's, then the compacted routes'), and
+within them the hottest.
+
+The names are the linker's (mangled, with their hashes): a new compiler or new
+dependency versions change them. A listed name the binary lacks is skipped by the
+linker, so a stale list costs speed, never a build. `--check` tells how much of the
+list the built binary still has; write the list again when it drops.
+
+Usage: scripts/hot-functions.py [--check] [--requests N]
+Needs valgrind, nginx, python3 and binutils' nm, as instructions-per-request.sh does.
+"""
+
+import argparse
+import bisect
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIST = os.path.join(ROOT, "linker", "hot-functions.txt")
+BINARY = os.path.join(ROOT, "target", "release", "foldgate")
+# (API, BODY_KB) profiled; each with compaction on and off.
+SHAPES = [(api, kb) for api in ("chat", "responses", "messages") for kb in (2, 50)]
+
+
+def functions(binary):
+    """(start address, size, name) of the binary's functions, by address."""
+    out = subprocess.run(
+        ["nm", "--defined-only", "--numeric-sort", "--print-size", binary],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    found = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2] in "tTwW":
+            found.append((int(parts[0], 16), int(parts[1], 16), parts[3]))
+    return found
+
+
+def instruction_counts(profile, binary_name):
+    """Executions of each instruction address of the binary in a callgrind profile
+    written with --dump-instr=yes (call lines' inclusive costs left out)."""
+    objects, current, address, call = {}, None, 0, False
+    counts = collections.Counter()
+    with open(profile) as lines:
+        for line in lines:
+            if line.startswith(("ob=", "cob=")):
+                # An object is named where it first appears, as a caller's or a callee's.
+                match = re.match(r"\((\d+)\)(?: (.*))?", line.split("=", 1)[1].strip())
+                if match.group(2):
+                    objects[match.group(1)] = match.group(2)
+                if line.startswith("ob="):
+                    current = objects.get(match.group(1))
+                continue
+            if line.startswith("calls="):
+                call = True
+                continue
+            if not line or line[0] not in "0123456789+-*":
+                continue
+            parts = line.split()
+            position = parts[0]
+            if position.startswith("0x"):
+                address = int(position, 16)
+            elif position[0] == "+":
+                address += int(position[1:])
+            elif position[0] == "-":
+                address -= int(position[1:])
+            if call:
+                call = False
+                continue
+            if len(parts) >= 3 and current and current.endswith(binary_name):
+                counts[address] += int(parts[2])
+    return counts
+
+
+def hot(counts, table, requests):
+    """Instructions run by each function that ran on at least 90 % of `requests`."""
+    starts = [start for start, _, _ in table]
+    cost, every = collections.Counter(), set()
+    for address, count in counts.items():
+        index = bisect.bisect_right(starts, address) - 1
+        if index < 0:
+            continue
+        start, size, name = table[index]
+        if address >= start + max(size, 1):
+            continue
+        cost[name] += count
+        if count >= 0.9 * requests:
+            every.add(name)
+    return {name: cost[name] for name in every}
+
+
+def profile(api, body_kb, requests, into):
+    """Runs instructions-per-request.sh for one shape; the two profiles' paths."""
+    env = dict(os.environ, KEEP_PROFILES="1", SKIP_BUILD="1", API=api, BODY_KB=str(body_kb))
+    subprocess.run(
+        [os.path.join(ROOT, "scripts", "instructions-per-request.sh"), str(requests)],
+        check=True, cwd=ROOT, env=env, stdout=sys.stderr,
+    )
+    kept = []
+    for setting in ("default", "off"):
+        path = os.path.join(into, f"{api}-{body_kb}-{setting}.callgrind")
+        shutil.move(os.path.join(ROOT, "target", f"foldgate-{setting}.callgrind"), path)
+        kept.append(path)
+    return kept
+
+
+def check(table):
+    names = {name for _, _, name in table}
+    listed = [line.strip() for line in open(LIST) if line.strip()]
+    present = sum(name in names for name in listed)
+    print(f"{present} of the {len(listed)} functions in {os.path.relpath(LIST, ROOT)} are in "
+          f"{os.path.relpath(BINARY, ROOT)} ({100 * present / max(len(listed), 1):.0f} %)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="only tell how much of the list the built binary has")
+    parser.add_argument("--requests", type=int, default=300,
+                        help="requests counted per profile (default 300)")
+    args = parser.parse_args()
+    if not args.check:
+        subprocess.run(["cargo", "build", "--release", "--quiet"], check=True, cwd=ROOT)
+    table = functions(BINARY)
+    if args.check:
+        check(table)
+        return
+    total, profiles = collections.Counter(), collections.Counter()
+    with tempfile.TemporaryDirectory() as into:
+        for api, body_kb in SHAPES:
+            for path in profile(api, body_kb, args.requests, into):
+                counts = instruction_counts(path, os.path.basename(BINARY))
+                found = hot(counts, table, args.requests)
+                total.update(found)
+                profiles.update(found.keys())
+    order = sorted(total, key=lambda name: (-profiles[name], -total[name], name))
+    names = list(order)
+    os.makedirs(os.path.dirname(LIST), exist_ok=True)
+    with open(LIST, "w") as out:
+        out.write("".join(f"{name}\n" for name in names))
+    sizes = {name: size for _, size, name in table}
+    print(f"{len(names)} functions, {sum(sizes[n] for n in names) / 1024:.0f} KiB, "
+          f"written to {os.path.relpath(LIST, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
