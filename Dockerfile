@@ -2,7 +2,10 @@
 # Multi-stage build: compile in the Rust image, run from a slim Debian with only CA
 # certificates (for `upstream.tls_roots = "system"`) and a non-root user.
 
-FROM rust:1-bookworm AS builder
+# The toolchain is pinned: linker/hot-functions.txt names the request path's functions
+# as this compiler mangles them (build.rs, docs/PERFORMANCE.md); another one links the
+# same binary without that layout.
+FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -26,8 +26,11 @@
 # bench's answer (its `MOCK_RESPONSE`, with OpenAI's full usage details) instead of the
 # short one.
 #
-# Usage: [BODY_KB=2] [API=chat|responses|messages] [SHAPE=plain|bench] [BIN=path/to/foldgate] \
-#        scripts/instructions-per-request.sh [N]   (default N 2000)
+# `STREAM=1` asks for an event stream (`"stream": true`; chat also asks for its usage);
+# the mock answers one in the API's shape.
+#
+# Usage: [BODY_KB=2] [API=chat|responses|messages] [SHAPE=plain|bench] [STREAM=0|1] \
+#        [BIN=path/to/foldgate] scripts/instructions-per-request.sh [N]   (default N 2000)
 # Needs valgrind, nginx and python3 (apt-get install -y valgrind nginx python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +41,9 @@ case "$API" in chat|responses|messages) ;; *) echo "API is chat, responses or me
 SHAPE=${SHAPE:-plain}
 case "$SHAPE" in plain|bench) ;; *) echo "SHAPE is plain or bench, not $SHAPE" >&2; exit 2 ;; esac
 export SHAPE
+STREAM=${STREAM:-0}
+case "$STREAM" in 0|1) ;; *) echo "STREAM is 0 or 1, not $STREAM" >&2; exit 2 ;; esac
+export STREAM
 for tool in valgrind callgrind_control callgrind_annotate python3; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install -y valgrind python3)" >&2; exit 1; }
 done
@@ -60,6 +66,8 @@ import http.client, json, os, sys
 port, n, size, api = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) * 1024, sys.argv[4]
 # The bench's request: keys sorted, no spaces (as serde_json writes its json! values).
 compact = {"sort_keys": True, "separators": (",", ":")} if os.environ["SHAPE"] == "bench" else {}
+stream = os.environ["STREAM"] == "1"
+usage = {"stream_options": {"include_usage": True}} if stream else {}
 words = "the parser reads each frame and the writer flushes buffered output to disk".split()
 def prose(n, seed):
     out = []
@@ -94,13 +102,13 @@ def envelope(messages, last):
     if api == "messages":
         return json.dumps({"model": "claude-sonnet-4-5", "system": messages[0]["content"],
                            "messages": blocks(messages + [{"role": "user", "content": last}]),
-                           "max_tokens": 1024, "stream": False}, **compact).encode()
+                           "max_tokens": 1024, "stream": stream}, **compact).encode()
     if api == "responses":
         return json.dumps({"model": "gpt-4o-mini", "instructions": messages[0]["content"],
                            "input": items(messages + [{"role": "user", "content": last}]),
-                           "temperature": 0.2, "max_output_tokens": 1024, "stream": False}).encode()
+                           "temperature": 0.2, "max_output_tokens": 1024, "stream": stream}).encode()
     return json.dumps({"model": "gpt-4o-mini", "messages": messages + [{"role": "user", "content": last}],
-                       "temperature": 0.2, "max_tokens": 1024, "stream": False}, **compact).encode()
+                       "temperature": 0.2, "max_tokens": 1024, "stream": stream, **usage}, **compact).encode()
 messages = [{"role": "system", "content": prose(600, 1)}]
 turn = 0
 while len(envelope(messages, "")) + 1500 < size:
@@ -177,7 +185,8 @@ fg=$(foldgate_env; count foldgate-default "$FG_PORT" "$BIN" serve)
 off=$(foldgate_env; export FOLDGATE_COMPACTION__ENABLED=false
     count foldgate-off "$FG_PORT" "$BIN" serve)
 ng=$(count nginx "$NG_PORT" "$NGINX" -c "$work/nginx.conf")
-echo "user-space instructions per $BODY_KB KiB $API request ($N sequential, callgrind):"
+kind=$API; [ "$STREAM" = 1 ] && kind="$API streaming"
+echo "user-space instructions per $BODY_KB KiB $kind request ($N sequential, callgrind):"
 echo "  foldgate, default configuration  $fg"
 echo "  foldgate, compaction off         $off"
 echo "  nginx                            $ng"

@@ -3,7 +3,10 @@
 127.0.0.1:PORT (HTTP/1.1, keep-alive, the request read whole) with one fixed
 `chat.completion`. The answer is `plain` (1.2 KB, three usage members) or `bench`
 (the latency bench's `MOCK_RESPONSE`, benches/proxy_latency.rs, with OpenAI's usage
-details). A request to `/v1/messages` gets an Anthropic `message` of the same text.
+details). A request to `/v1/messages` gets an Anthropic `message` of the same text. A
+request that asks for a stream (`"stream": true`) gets an event stream in its API's
+shape instead (chat chunks, Responses events, Messages events; usage in its last
+events), chunked, one chunk an event.
 
 Usage: scripts/mock-chat-upstream.py PORT [plain|bench]
 """
@@ -28,8 +31,55 @@ def framed(answer):
             % len(answer) + answer)
 
 
+def event_stream(events):
+    """An event stream's whole HTTP answer: one chunk an event."""
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+
+
+TEXT = "a" * 500
+CHAT_EVENTS = [b"data: %s\n\n" % e.encode() for e in (
+    '{"id":"chatcmpl-x","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,'
+    '"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+    '{"id":"chatcmpl-x","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,'
+    '"delta":{"content":"' + TEXT + '"},"finish_reason":null}]}',
+    '{"id":"chatcmpl-x","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,'
+    '"delta":{},"finish_reason":"stop"}],"usage":null}',
+    '{"id":"chatcmpl-x","object":"chat.completion.chunk","model":"gpt-4o","choices":[],'
+    '"usage":{"prompt_tokens":500,"completion_tokens":20,"total_tokens":520}}',
+    "[DONE]")]
+RESPONSE = ('{"id":"resp_mock","object":"response","model":"gpt-4o","status":"%s","output":[%s],'
+            '"usage":%s}')
+OUTPUT = ('{"type":"message","id":"msg_mock","role":"assistant","status":"completed",'
+          '"content":[{"type":"output_text","text":"' + TEXT + '","annotations":[]}]}')
+RESPONSES_EVENTS = [b"event: %s\ndata: %s\n\n" % (name.encode(), data.encode()) for name, data in (
+    ("response.created", '{"type":"response.created","response":%s}'
+     % (RESPONSE % ("in_progress", "", "null"))),
+    ("response.output_text.delta", '{"type":"response.output_text.delta","item_id":"msg_mock",'
+     '"output_index":0,"content_index":0,"delta":"' + TEXT + '"}'),
+    ("response.completed", '{"type":"response.completed","response":%s}' % (RESPONSE % (
+        "completed", OUTPUT, '{"input_tokens":500,"output_tokens":20,"total_tokens":520}'))))]
+MESSAGES_EVENTS = [b"event: %s\ndata: %s\n\n" % (name.encode(), data.encode()) for name, data in (
+    ("message_start", '{"type":"message_start","message":{"id":"msg_mock","type":"message",'
+     '"role":"assistant","model":"claude-sonnet-4-5","content":[],"stop_reason":null,'
+     '"usage":{"input_tokens":500,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,'
+     '"output_tokens":1}}}'),
+    ("content_block_start", '{"type":"content_block_start","index":0,'
+     '"content_block":{"type":"text","text":""}}'),
+    ("content_block_delta", '{"type":"content_block_delta","index":0,'
+     '"delta":{"type":"text_delta","text":"' + TEXT + '"}}'),
+    ("content_block_stop", '{"type":"content_block_stop","index":0}'),
+    ("message_delta", '{"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+     '"usage":{"output_tokens":20}}'),
+    ("message_stop", '{"type":"message_stop"}'))]
+
+
 async def serve(port, answer):
     response, message = framed(answer), framed(MESSAGE)
+    streams = {b"/v1/messages": event_stream(MESSAGES_EVENTS),
+               b"/v1/responses": event_stream(RESPONSES_EVENTS),
+               b"": event_stream(CHAT_EVENTS)}
 
     async def handle(reader, writer):
         try:
@@ -39,9 +89,12 @@ async def serve(port, answer):
                 for line in head.split(b"\r\n"):
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
-                if length:
-                    await reader.readexactly(length)
-                writer.write(message if head.startswith(b"POST /v1/messages") else response)
+                body = await reader.readexactly(length) if length else b""
+                path = head.split(b" ", 2)[1]
+                if b'"stream":true' in body or b'"stream": true' in body:
+                    writer.write(next(v for k, v in streams.items() if path.startswith(k)))
+                else:
+                    writer.write(message if path.startswith(b"/v1/messages") else response)
         except Exception:
             writer.close()
 
