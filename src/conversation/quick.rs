@@ -2,6 +2,8 @@
 //! the trigger is forwarded as it is, without parsing it or loading its conversation.
 //! The edge measures (a dialect's outline of the body); this stage decides.
 
+use memchr::memmem::Finder;
+
 use crate::compaction::engine::Bound;
 use crate::compaction::tokens::REPLY_PRIMING;
 use crate::compaction::tokens::count::IMAGE_UNKNOWN;
@@ -19,10 +21,10 @@ pub enum Measure<'a> {
         /// The whole body.
         body: &'a [u8],
         /// How the body names an image block (each charged its most).
-        image: &'a [u8],
+        image: &'a Finder<'static>,
         /// A block whose bytes do not bound its tokens (e.g. a PDF, charged by its
         /// pages): when named, the body is counted exactly.
-        unbounded: Option<&'a [u8]>,
+        unbounded: Option<&'a Finder<'static>>,
         /// The raw text of its tool definitions.
         tools: Option<&'a [u8]>,
         /// Its messages, when the outline counted them (for the report).
@@ -64,15 +66,15 @@ pub fn below(engine: &Engine, measure: Measure<'_>, options: &Options) -> Option
 /// the body names a block its bytes do not bound.
 pub fn byte_bound(
     body: &[u8],
-    image: &[u8],
-    unbounded: Option<&[u8]>,
+    image: &Finder<'_>,
+    unbounded: Option<&Finder<'_>>,
     tools: Option<&[u8]>,
     messages: usize,
 ) -> Option<Bound> {
-    if unbounded.is_some_and(|needle| memchr::memmem::find(body, needle).is_some()) {
+    if unbounded.is_some_and(|needle| needle.find(body).is_some()) {
         return None;
     }
-    let images = memchr::memmem::find_iter(body, image).count();
+    let images = image.find_iter(body).count();
     let tools = tools.map_or(0, <[u8]>::len);
     let upper = body.len() + tools + images * IMAGE_UNKNOWN + REPLY_PRIMING;
     Some(Bound { upper, estimate: body.len() / 4, messages })

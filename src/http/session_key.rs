@@ -9,6 +9,8 @@
 //! [`scope_of`]). Only hashes leave this module: raw session ids and credentials are
 //! never stored or shown.
 
+use std::sync::Arc;
+
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::Xxh3;
@@ -120,12 +122,66 @@ pub struct Fingerprint<'a> {
 pub struct FingerprintParts {
     /// The request's `model`.
     pub model: String,
-    /// The first system (or developer) message, as neutral JSON text.
-    pub system: Option<String>,
-    /// The first user message, as neutral JSON text.
-    pub user: Option<String>,
+    /// The first system (or developer) message, as neutral JSON text (see
+    /// [`fingerprint_part`]).
+    pub system: Option<Arc<str>>,
+    /// The first user message, as neutral JSON text (see [`fingerprint_part`]).
+    pub user: Option<Arc<str>>,
     /// See [`scope_of`].
     pub scope: Option<String>,
+}
+
+/// The neutral JSON text `convert` makes of `raw` (the raw JSON of a first system or
+/// user message, or what it is made from, as a dialect reads it without parsing the
+/// body), without its `cache_control` fields; `what` names the conversion. Made once
+/// per text on each thread: an agent sends the same first messages (a system prompt of
+/// tens of kilobytes) with every request of a conversation, and parsing them again each
+/// time cost more than the rest of a request below the trigger.
+pub fn fingerprint_part(
+    what: &'static str,
+    raw: &[u8],
+    convert: impl FnOnce() -> Option<String>,
+) -> Option<Arc<str>> {
+    let mut tag = Xxh3::with_seed(*RECENT_SEED);
+    tag.update(what.as_bytes());
+    tag.update(b"\0");
+    tag.update(raw);
+    let tag = tag.digest128();
+    let found = PARTS.with(|parts| {
+        let parts = parts.borrow();
+        parts.1.iter().flatten().find(|(t, _)| *t == tag).map(|(_, part)| part.clone())
+    });
+    if let Some(part) = found {
+        return part;
+    }
+    let part = convert().map(|text| {
+        let unmarked = match without_cache_control(text.as_bytes()) {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(unmarked) => Some(unmarked),
+        };
+        match unmarked {
+            None => Arc::from(text),
+            Some(unmarked) => Arc::from(String::from_utf8_lossy(&unmarked).as_ref()),
+        }
+    });
+    PARTS.with(|parts| {
+        let (next, slots) = &mut *parts.borrow_mut();
+        slots[*next] = Some((tag, part.clone()));
+        *next = (*next + 1) % PARTS_KEPT;
+    });
+    part
+}
+
+/// Parts remembered per thread: two a conversation (its system and user message).
+const PARTS_KEPT: usize = 32;
+
+/// The next slot to fill, and the slots: a tag (seeded XXH3-128 of the conversion's
+/// name and the raw text) and the part made (`None`: the text makes none).
+type PartSlots = (usize, [Option<(u128, Option<Arc<str>>)>; PARTS_KEPT]);
+
+thread_local! {
+    static PARTS: std::cell::RefCell<PartSlots> =
+        std::cell::RefCell::new((0, std::array::from_fn(|_| None)));
 }
 
 /// The client's own name for the conversation, from the body's top-level fields (`field`

@@ -16,15 +16,20 @@
 //! an Anthropic key must not go there), unless `summarizer.api_key` names a summarizer
 //! of its own. A Claude subscription's OAuth token is never used for digests.
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use http::HeaderMap;
+use memchr::memmem::Finder;
 
 use super::Dialect;
 use super::overflow::{OverflowSignals, StreamEvent};
 use crate::api::{self, Origins};
 use crate::conversation::{Measure, Rewritten};
 use crate::http::provider_compaction::MessagesContext;
-use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
+use crate::http::session_key::{
+    FingerprintParts, SessionHeaders, fingerprint_part, scope_of, session_key_with,
+};
 use crate::http::sse::Event;
 use crate::metrics::Route;
 use crate::model::{ChatRequest, Role};
@@ -75,10 +80,13 @@ impl Dialect for Messages {
     /// by its pages, which its bytes do not bound.
     fn measure<'o>(&self, outline: &'o MessagesOutline<'_>) -> Option<Measure<'o>> {
         let scan = &outline.outline;
+        // Built once: a searcher's setup costs more than searching a short body.
+        static IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"image\""));
+        static DOCUMENT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"document\""));
         Some(Measure::Bytes {
             body: outline.body,
-            image: b"\"image\"",
-            unbounded: Some(b"\"document\""),
+            image: &IMAGE,
+            unbounded: Some(&DOCUMENT),
             tools: scan.tools_raw(),
             messages: scan.messages().len(),
             model: scan.model().map(std::borrow::Cow::into_owned),
@@ -94,22 +102,26 @@ impl Dialect for Messages {
     ) -> Option<SessionKey> {
         let scan = &outline.outline;
         session_key_with(headers, session_header, || {
-            let text = |raw: &[u8]| std::str::from_utf8(raw).ok().map(str::to_owned);
+            // Each made once per text on the thread (Claude Code sends the same system
+            // prompt, tens of kilobytes, with every request).
+            let part = |what, raw: &[u8], neutral: fn(&str) -> Option<String>| {
+                fingerprint_part(what, raw, || neutral(std::str::from_utf8(raw).ok()?))
+            };
             // The `system` field, else the first `system` message inside `messages`, as
             // the parsed request has them first.
             let system = match scan.field("system").filter(|raw| raw.trim_ascii() != b"null") {
-                Some(raw) => text(raw).and_then(|raw| api::messages::neutral_system(&raw)),
-                None => scan
-                    .messages()
-                    .iter()
-                    .filter(|m| m.role == Some(Role::System))
-                    .find_map(|m| api::messages::neutral_system_message(&text(scan.raw(m))?)),
+                Some(raw) => part("messages/system", raw, api::messages::neutral_system),
+                None => {
+                    scan.messages().iter().filter(|m| m.role == Some(Role::System)).find_map(|m| {
+                        let neutral = api::messages::neutral_system_message;
+                        part("messages/system message", scan.raw(m), neutral)
+                    })
+                }
             };
-            let user = scan
-                .messages()
-                .iter()
-                .filter(|m| m.role == Some(Role::User))
-                .find_map(|m| api::messages::neutral_first_user(&text(scan.raw(m))?));
+            let user =
+                scan.messages().iter().filter(|m| m.role == Some(Role::User)).find_map(|m| {
+                    part("messages/user", scan.raw(m), api::messages::neutral_first_user)
+                });
             let model = scan.model().unwrap_or_default();
             let scope = scope_of(|k| scan.field(k));
             Some(FingerprintParts { model: model.into_owned(), system, user, scope })
@@ -282,6 +294,9 @@ mod tests {
             // know): the first names the conversation when there is no `system` field.
             r#"{"model":"gateway-claude","messages":[{"role":"system","content":"<env>cwd: /a</env>"},{"role":"user","content":"Fix it."},{"role":"system","content":"later"}]}"#,
             r#"{"model":"gateway-claude","system":"Be careful.","messages":[{"role":"system","content":"<env>cwd: /a</env>"},{"role":"user","content":"Fix it."}]}"#,
+            // Cache breakpoints, as Claude Code marks its system blocks and newest message.
+            r#"{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be careful.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"Fix it.","cache_control":{"type":"ephemeral"}}]}]}"#,
+            r#"{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be careful."}],"messages":[{"role":"user","content":[{"type":"text","text":"Fix it."}]}]}"#,
         ];
         let mut keys = Vec::new();
         for body in bodies {
@@ -289,11 +304,16 @@ mod tests {
             let outline = Messages.outline(&shared).unwrap();
             let (request, _) = Messages.parse(body.as_bytes()).unwrap();
             let parsed = Messages.session_key(&headers, &SessionHeaders::default(), &request);
-            let outlined =
-                Messages.outline_session_key(&headers, &SessionHeaders::default(), &outline);
-            assert_eq!(outlined, Some(parsed.clone()), "{body}");
+            // Twice: the second time the thread has the fingerprint's parts made.
+            for _ in 0..2 {
+                let outlined =
+                    Messages.outline_session_key(&headers, &SessionHeaders::default(), &outline);
+                assert_eq!(outlined, Some(parsed.clone()), "{body}");
+            }
             keys.push(parsed);
         }
+        // The breakpoints do not name another conversation.
+        assert_eq!(keys[6], keys[7]);
         // Claude Code's session in `metadata.user_id` splits sessions that start alike.
         assert_ne!(keys[0], keys[1]);
     }

@@ -104,18 +104,28 @@ pub fn stated_window(body: &[u8]) -> Option<usize> {
     })
 }
 
+/// What an overflow error's message says, in lower case (any one of them).
+const OVERFLOW_PHRASES: [&str; 8] = [
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "prompt is too long",
+    "too many tokens",
+    "input is too long",
+    "reduce the length of the messages",
+];
+
+/// What an overflow error's `code` or `type` has in it.
+const OVERFLOW_CODE: &str = "context_length";
+
 /// True for the error answers providers give when a prompt is longer than the window.
 pub fn is_context_overflow(body: &[u8]) -> bool {
-    const PHRASES: [&str; 8] = [
-        "context_length_exceeded",
-        "maximum context length",
-        "context length",
-        "context window",
-        "prompt is too long",
-        "too many tokens",
-        "input is too long",
-        "reduce the length of the messages",
-    ];
+    // Most bodies judged are no overflow (every whole JSON answer of an API that may
+    // report one in its answer): their text names none of the words, and is not parsed.
+    if !may_name_overflow(body) {
+        return false;
+    }
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
         return false;
     };
@@ -123,13 +133,31 @@ pub fn is_context_overflow(body: &[u8]) -> bool {
     let code = ["code", "type"]
         .iter()
         .filter_map(|k| error.get(*k).and_then(serde_json::Value::as_str))
-        .any(|c| c.contains("context_length"));
+        .any(|c| c.contains(OVERFLOW_CODE));
     let message = error
         .get("message")
         .and_then(serde_json::Value::as_str)
         .map(str::to_ascii_lowercase)
         .unwrap_or_default();
-    code || PHRASES.iter().any(|p| message.contains(p))
+    code || OVERFLOW_PHRASES.iter().any(|p| message.contains(p))
+}
+
+/// False when `body`'s text cannot name an overflow: none of the phrases (in any case)
+/// nor the code's word is in it, and no `\u` escape could spell one.
+fn may_name_overflow(body: &[u8]) -> bool {
+    use memchr::memmem::Finder;
+    // Built once: a searcher's setup costs more than searching a short answer.
+    static WORDS: std::sync::LazyLock<Vec<Finder<'static>>> = std::sync::LazyLock::new(|| {
+        // The code is compared as it is written; its lower case is a superset.
+        let words = OVERFLOW_PHRASES.iter().chain([&OVERFLOW_CODE]);
+        words.map(|word| Finder::new(word.as_bytes())).collect()
+    });
+    let escaped = |at: usize| body.get(at + 1) == Some(&b'u');
+    if memchr::memchr_iter(b'\\', body).any(escaped) {
+        return true;
+    }
+    let lower = body.to_ascii_lowercase();
+    WORDS.iter().any(|word| word.find(&lower).is_some())
 }
 
 #[cfg(test)]
@@ -164,5 +192,35 @@ mod tests {
             br#"{"error":{"message":"Invalid value for 'temperature'"}}"#
         ));
         assert!(!is_context_overflow(b"not json"));
+        // Spelled with escapes, a message is still read.
+        assert!(is_context_overflow(
+            br#"{"error":{"message":"prompt is too lon\u0067: 210000 tokens > 200000 maximum"}}"#
+        ));
+        assert!(is_context_overflow(br#"{"error":{"message":"PROMPT IS TOO LONG"}}"#));
+    }
+
+    proptest::proptest! {
+        /// The words looked for before parsing never turn away a body the parse would
+        /// call an overflow.
+        #[test]
+        fn the_quick_look_agrees_with_the_parse(
+            code in proptest::sample::select(vec!["context_length_exceeded", "invalid_request_error", "CONTEXT_LENGTH", ""]),
+            message in "[ -~]{0,40}",
+            phrase in proptest::sample::select(super::OVERFLOW_PHRASES.to_vec()),
+            upper in proptest::bool::ANY,
+            with_phrase in proptest::bool::ANY,
+        ) {
+            let phrase = if upper { phrase.to_ascii_uppercase() } else { phrase.to_owned() };
+            let message = if with_phrase { format!("{message}{phrase}") } else { message };
+            let body = serde_json::json!({"error": {"message": message, "code": code}}).to_string();
+            let parsed = {
+                let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+                let error = &value["error"];
+                let code = error["code"].as_str().unwrap_or_default().contains(super::OVERFLOW_CODE);
+                let message = error["message"].as_str().unwrap_or_default().to_ascii_lowercase();
+                code || super::OVERFLOW_PHRASES.iter().any(|p| message.contains(p))
+            };
+            proptest::prop_assert_eq!(is_context_overflow(body.as_bytes()), parsed);
+        }
     }
 }

@@ -23,6 +23,7 @@
 //! message). Anything else is parsed.
 
 use std::borrow::Cow;
+use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -41,6 +42,11 @@ use crate::model::ChatRequest;
 use crate::outline::Outline;
 use crate::session::SessionKey;
 use crate::summarizer::llm::SummaryApi;
+
+/// How a Responses body names an image, built once: a searcher's setup costs more than
+/// searching a short body.
+static INPUT_IMAGE: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"\"input_image\""));
 
 /// OpenAI's Responses API.
 #[derive(Debug, Clone, Copy, Default)]
@@ -95,7 +101,7 @@ impl Dialect for Responses {
             .and_then(|n| usize::try_from(n).ok());
         Some(Measure::Bytes {
             body: outline.body,
-            image: b"\"input_image\"",
+            image: &INPUT_IMAGE,
             unbounded: None,
             tools: fields.tools_raw(),
             messages: 0,
@@ -118,6 +124,7 @@ impl Dialect for Responses {
             };
             let input = std::str::from_utf8(fields.field("input")?).ok()?;
             let (system, user) = api::responses::fingerprint_messages(instructions, input)?;
+            let (system, user) = (system.map(Arc::from), user.map(Arc::from));
             let model = fields.model().unwrap_or_default();
             let scope = scope_of(|k| fields.field(k));
             Some(FingerprintParts { model: model.into_owned(), system, user, scope })
@@ -365,7 +372,7 @@ mod tests {
             let exact = engine.count_prompt(&request, &report.budget, &mut cache);
             let bound = crate::conversation::byte_bound(
                 &bytes,
-                b"\"input_image\"",
+                &INPUT_IMAGE,
                 None,
                 outline.fields.tools_raw(),
                 0,

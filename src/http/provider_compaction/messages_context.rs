@@ -7,8 +7,11 @@
 //! Compaction blocks sent back are expanded into their summary as user text. The fields
 //! are read and written in [`crate::api::anthropic_edits`].
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
+use memchr::memmem::Finder;
 
 use super::on_request::{self, Concluded};
 use super::{
@@ -28,12 +31,17 @@ pub struct MessagesContext;
 /// True when `body` has a member named `quoted` (a JSON string with its quotes) anywhere:
 /// the name followed by a colon, not a value (`"type":"compaction"` is a block, not the
 /// field).
-fn names_field(body: &[u8], quoted: &[u8]) -> bool {
-    memchr::memmem::find_iter(body, quoted).any(|at| {
-        let rest = &body[at + quoted.len()..];
+fn names_field(body: &[u8], quoted: &Finder<'_>) -> bool {
+    quoted.find_iter(body).any(|at| {
+        let rest = &body[at + quoted.needle().len()..];
         rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b':')
     })
 }
+
+// Built once: a searcher's setup costs more than searching a short body.
+static CONTEXT_MANAGEMENT: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"\"context_management\""));
+static COMPACTION: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"compaction\""));
 
 impl CompactionFamily for MessagesContext {
     /// A `compact_20260112` edit past its trigger, with its instructions; on-demand
@@ -84,9 +92,9 @@ impl CompactionFamily for MessagesContext {
         _provider: &CompactionApis,
         serve: bool,
     ) -> Result<Prepared, String> {
-        let asked = memchr::memmem::find(body, b"\"context_management\"").is_some();
+        let asked = CONTEXT_MANAGEMENT.find(body).is_some();
         if !serve {
-            let asked = asked || names_field(body, b"\"compaction\"");
+            let asked = asked || names_field(body, &COMPACTION);
             return Ok(Prepared { left_for_upstream: asked, ..Prepared::unchanged(body) });
         }
         let expanded = anthropic_edits::expand_compaction(body).unwrap_or_else(|| body.clone());
