@@ -20,7 +20,11 @@ dependency versions change them. A listed name the binary lacks is skipped by th
 linker, so a stale list costs speed, never a build. `--check` tells how much of the
 list the built binary still has; write the list again when it drops.
 
-Usage: scripts/hot-functions.py [--check] [--requests N]
+`--footprint PROFILE` prints what one kept profile's requests ran every time: the
+cache lines and 4 KiB pages of the binary's code they touched (KEEP_PROFILES=1
+scripts/instructions-per-request.sh N writes target/foldgate-default.callgrind).
+
+Usage: scripts/hot-functions.py [--check] [--requests N] [--footprint PROFILE]
 Needs valgrind, nginx, python3 and binutils' nm, as instructions-per-request.sh does.
 """
 
@@ -139,7 +143,16 @@ def main():
                         help="only tell how much of the list the built binary has")
     parser.add_argument("--requests", type=int, default=300,
                         help="requests counted per profile (default 300)")
+    parser.add_argument("--footprint", metavar="PROFILE",
+                        help="only print the code a profile's requests ran every time")
     args = parser.parse_args()
+    if args.footprint:
+        counts = instruction_counts(args.footprint, os.path.basename(BINARY))
+        every = [address for address, count in counts.items() if count >= 0.9 * args.requests]
+        lines, pages = {a >> 6 for a in every}, {a >> 12 for a in every}
+        print(f"code run by every request: {len(lines)} cache lines "
+              f"({len(lines) * 64 / 1024:.0f} KiB), {len(pages)} pages of 4 KiB")
+        return
     if not args.check:
         subprocess.run(["cargo", "build", "--release", "--quiet"], check=True, cwd=ROOT)
     table = functions(BINARY)
