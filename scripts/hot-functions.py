@@ -22,7 +22,8 @@ list the built binary still has; write the list again when it drops.
 
 `--footprint PROFILE` prints what one kept profile's requests ran every time: the
 cache lines and 4 KiB pages of the binary's code they touched (KEEP_PROFILES=1
-scripts/instructions-per-request.sh N writes target/foldgate-default.callgrind).
+scripts/instructions-per-request.sh N writes target/foldgate-default.callgrind; give
+the same N as `--requests`).
 
 Usage: scripts/hot-functions.py [--check] [--requests N] [--footprint PROFILE]
 Needs valgrind, nginx, python3 and binutils' nm, as instructions-per-request.sh does.
