@@ -32,6 +32,8 @@ if [ -z "${PROXYBENCH_FOLDGATE_BIN:-}" ]; then
     mkdir -p target/bench-proxy
     cp target/release/foldgate target/bench-proxy/foldgate
     export PROXYBENCH_FOLDGATE_BIN="$PWD/target/bench-proxy/foldgate"
+    # How much of the request path's layout (build.rs) the measured binary has.
+    python3 scripts/hot-functions.py --check || true
 fi
 cargo bench --bench proxy_latency --no-run
 
