@@ -147,11 +147,7 @@ pub fn fingerprint_part(
     tag.update(b"\0");
     tag.update(raw);
     let tag = tag.digest128();
-    let found = PARTS.with(|parts| {
-        let parts = parts.borrow();
-        parts.1.iter().flatten().find(|(t, _)| *t == tag).map(|(_, part)| part.clone())
-    });
-    if let Some(part) = found {
+    if let Some(part) = PARTS.with(|parts| parts.borrow().get(tag)) {
         return part;
     }
     let part = convert().map(|text| {
@@ -164,24 +160,38 @@ pub fn fingerprint_part(
             Some(unmarked) => Arc::from(String::from_utf8_lossy(&unmarked).as_ref()),
         }
     });
-    PARTS.with(|parts| {
-        let (next, slots) = &mut *parts.borrow_mut();
-        slots[*next] = Some((tag, part.clone()));
-        *next = (*next + 1) % PARTS_KEPT;
-    });
+    PARTS.with(|parts| parts.borrow_mut().put(tag, part.clone()));
     part
 }
 
-/// Parts remembered per thread: two a conversation (its system and user message).
-const PARTS_KEPT: usize = 32;
-
-/// The next slot to fill, and the slots: a tag (seeded XXH3-128 of the conversion's
-/// name and the raw text) and the part made (`None`: the text makes none).
-type PartSlots = (usize, [Option<(u128, Option<Arc<str>>)>; PARTS_KEPT]);
-
 thread_local! {
-    static PARTS: std::cell::RefCell<PartSlots> =
-        std::cell::RefCell::new((0, std::array::from_fn(|_| None)));
+    /// Parts made last on this thread, two a conversation (its system and user
+    /// message), each under a seeded XXH3-128 of the conversion's name and the raw text
+    /// (`None`: the text makes none).
+    static PARTS: std::cell::RefCell<Ring<Option<Arc<str>>, 32>> =
+        std::cell::RefCell::new(Ring::new());
+}
+
+/// The last `N` values put, each under a tag, the oldest replaced first.
+struct Ring<V, const N: usize> {
+    /// The next slot to fill.
+    next: usize,
+    slots: [Option<(u128, V)>; N],
+}
+
+impl<V: Clone, const N: usize> Ring<V, N> {
+    fn new() -> Self {
+        Self { next: 0, slots: std::array::from_fn(|_| None) }
+    }
+
+    fn get(&self, tag: u128) -> Option<V> {
+        self.slots.iter().flatten().find(|(t, _)| *t == tag).map(|(_, value)| value.clone())
+    }
+
+    fn put(&mut self, tag: u128, value: V) {
+        self.slots[self.next] = Some((tag, value));
+        self.next = (self.next + 1) % N;
+    }
 }
 
 /// The client's own name for the conversation, from the body's top-level fields (`field`
@@ -425,12 +435,9 @@ struct Recent;
 /// Keys remembered per thread (a connection thread serves many conversations at once).
 const RECENT_KEYS: usize = 16;
 
-/// The next slot to fill, and the slots: a tag and its key.
-type RecentSlots = (usize, [(u128, Option<SessionKey>); RECENT_KEYS]);
-
 thread_local! {
-    static RECENT: std::cell::RefCell<RecentSlots> =
-        std::cell::RefCell::new((0, std::array::from_fn(|_| (0, None))));
+    static RECENT: std::cell::RefCell<Ring<SessionKey, RECENT_KEYS>> =
+        std::cell::RefCell::new(Ring::new());
 }
 
 static RECENT_SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
@@ -478,18 +485,11 @@ impl Recent {
     }
 
     fn get(tag: u128) -> Option<SessionKey> {
-        RECENT.with(|recent| {
-            let recent = recent.borrow();
-            recent.1.iter().find(|(t, key)| *t == tag && key.is_some()).and_then(|(_, k)| k.clone())
-        })
+        RECENT.with(|recent| recent.borrow().get(tag))
     }
 
     fn put(tag: u128, key: &SessionKey) {
-        RECENT.with(|recent| {
-            let (next, slots) = &mut *recent.borrow_mut();
-            slots[*next] = (tag, Some(key.clone()));
-            *next = (*next + 1) % RECENT_KEYS;
-        });
+        RECENT.with(|recent| recent.borrow_mut().put(tag, key.clone()));
     }
 }
 
