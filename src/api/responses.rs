@@ -149,42 +149,96 @@ pub fn render(original: &Bytes, origins: &Origins, compacted: &ChatRequest) -> B
 /// only the first items: the session fingerprint of a request known by its outline.
 /// `None` when that takes more (a `compaction` item before any system message, an
 /// `item_reference`, no user message): the body is parsed then.
-pub fn fingerprint_messages(
+///
+/// Its parts are made by the given functions, which a caller may answer from what it made
+/// for the same text before: the neutral text of `instructions` ([`instructions_text`]),
+/// of an `input` that is a string ([`text_input`]), and what the fingerprint reads of
+/// each item ([`first_item`]).
+pub fn fingerprint_messages<S>(
     instructions: Option<&str>,
     input: &str,
-) -> Option<(Option<String>, Option<String>)> {
-    let text = |value: Value| Message::from_value(value).ok().map(|m| m.raw().to_owned());
+    instructions_text: impl FnOnce(&str) -> Option<S>,
+    text_input: impl FnOnce(&str) -> Option<S>,
+    mut item: impl FnMut(&[u8]) -> Option<FirstItem<S>>,
+) -> Option<(Option<S>, Option<S>)> {
     let mut system = match instructions {
-        Some(raw) => Some(text(instructions_message(raw)?)?),
+        Some(raw) => Some(instructions_text(raw)?),
         None => None,
     };
     if input.starts_with('"') {
-        return Some((system, Some(text(text_input_message(input)?)?)));
+        return Some((system, Some(text_input(input)?)));
     }
     let mut user = None;
     for raw in crate::outline::array_elements(input.as_bytes()) {
         if system.is_some() && user.is_some() {
             break;
         }
-        let item: Value = serde_json::from_slice(raw?).ok()?;
-        match kind(&item)? {
-            Kind::Message(role) => {
-                let first = match role {
-                    "user" => &mut user,
-                    "system" | "developer" => &mut system,
-                    _ => continue,
-                };
-                if first.is_none() {
-                    *first = Some(text(item_message(role, &item))?);
-                }
-            }
+        match item(raw?)? {
+            FirstItem::User(text) if user.is_none() => user = Some(text?),
+            FirstItem::System(text) if system.is_none() => system = Some(text?),
             // A pinned item is a developer message of its own.
-            Kind::Pinned if system.is_none() => return None,
-            Kind::Reference => return None,
+            FirstItem::Pinned if system.is_none() => return None,
             _ => {}
         }
     }
     user.is_some().then_some((system, user))
+}
+
+/// What the session fingerprint reads of one item of `input`, the neutral JSON text of a
+/// message as `S` (`None`: the message does not convert).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstItem<S> {
+    /// A `user` message.
+    User(Option<S>),
+    /// A `system` or `developer` message.
+    System(Option<S>),
+    /// A `compaction` item: the first system message when none came before it.
+    Pinned,
+    /// Anything else: read past.
+    Other,
+}
+
+impl<S> FirstItem<S> {
+    /// The same item with its text made into `T`.
+    pub fn map<T>(self, f: impl Fn(S) -> T) -> FirstItem<T> {
+        match self {
+            FirstItem::User(text) => FirstItem::User(text.map(f)),
+            FirstItem::System(text) => FirstItem::System(text.map(f)),
+            FirstItem::Pinned => FirstItem::Pinned,
+            FirstItem::Other => FirstItem::Other,
+        }
+    }
+}
+
+/// [`FirstItem`] of one raw item of `input`; `None` when the fingerprint needs the whole
+/// parse (an `item_reference`, an item that does not read).
+pub fn first_item(raw: &[u8]) -> Option<FirstItem<String>> {
+    let item: Value = serde_json::from_slice(raw).ok()?;
+    Some(match kind(&item)? {
+        Kind::Message("user") => FirstItem::User(neutral_text(item_message("user", &item))),
+        Kind::Message(role @ ("system" | "developer")) => {
+            FirstItem::System(neutral_text(item_message(role, &item)))
+        }
+        Kind::Pinned => FirstItem::Pinned,
+        Kind::Reference => return None,
+        _ => FirstItem::Other,
+    })
+}
+
+/// The neutral JSON text of the system message `instructions` (raw JSON) makes.
+pub fn instructions_text(raw: &str) -> Option<String> {
+    neutral_text(instructions_message(raw)?)
+}
+
+/// The neutral JSON text of the user message an `input` that is a string (raw JSON)
+/// makes.
+pub fn text_input(raw: &str) -> Option<String> {
+    neutral_text(text_input_message(raw)?)
+}
+
+/// A neutral message's JSON text, as the parsed request holds it.
+fn neutral_text(message: Value) -> Option<String> {
+    Message::from_value(message).ok().map(|m| m.raw().to_owned())
 }
 
 /// The neutral system message of `instructions` (raw JSON): its text, or the JSON of

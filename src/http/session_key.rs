@@ -9,6 +9,8 @@
 //! [`scope_of`]). Only hashes leave this module: raw session ids and credentials are
 //! never stored or shown.
 
+use std::any::Any;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -142,33 +144,50 @@ pub fn fingerprint_part(
     raw: &[u8],
     convert: impl FnOnce() -> Option<String>,
 ) -> Option<Arc<str>> {
+    remembered(what, raw, || {
+        convert().map(|text| {
+            let unmarked = match without_cache_control(text.as_bytes()) {
+                std::borrow::Cow::Borrowed(_) => None,
+                std::borrow::Cow::Owned(unmarked) => Some(unmarked),
+            };
+            match unmarked {
+                None => Arc::from(text),
+                Some(unmarked) => Arc::from(String::from_utf8_lossy(&unmarked).as_ref()),
+            }
+        })
+    })
+}
+
+/// What `make` makes of the text `raw` (`what` names what is made), made once per text on
+/// each thread: the value made last for the same `what` and text is given again. For the
+/// parts of a fingerprint a dialect reads without parsing the body (see
+/// [`fingerprint_part`]); `V` is cheap to clone.
+pub fn remembered<V: Clone + 'static>(
+    what: &'static str,
+    raw: &[u8],
+    make: impl FnOnce() -> V,
+) -> V {
     let mut tag = Xxh3::with_seed(*RECENT_SEED);
     tag.update(what.as_bytes());
     tag.update(b"\0");
     tag.update(raw);
     let tag = tag.digest128();
-    if let Some(part) = PARTS.with(|parts| parts.borrow().get(tag)) {
-        return part;
+    let kept = PARTS.with(|parts| parts.borrow().get(tag));
+    // A value of another type under the same tag (a collision) is made again.
+    if let Some(value) = kept.as_deref().and_then(|kept| kept.downcast_ref::<V>()) {
+        return value.clone();
     }
-    let part = convert().map(|text| {
-        let unmarked = match without_cache_control(text.as_bytes()) {
-            std::borrow::Cow::Borrowed(_) => None,
-            std::borrow::Cow::Owned(unmarked) => Some(unmarked),
-        };
-        match unmarked {
-            None => Arc::from(text),
-            Some(unmarked) => Arc::from(String::from_utf8_lossy(&unmarked).as_ref()),
-        }
-    });
-    PARTS.with(|parts| parts.borrow_mut().put(tag, part.clone()));
-    part
+    let value = make();
+    let kept: Rc<dyn Any> = Rc::new(value.clone());
+    PARTS.with(|parts| parts.borrow_mut().put(tag, kept));
+    value
 }
 
 thread_local! {
-    /// Parts made last on this thread, two a conversation (its system and user
-    /// message), each under a seeded XXH3-128 of the conversion's name and the raw text
-    /// (`None`: the text makes none).
-    static PARTS: std::cell::RefCell<Ring<Option<Arc<str>>, 32>> =
+    /// Values made last on this thread by [`remembered`] (two a conversation for a
+    /// Messages body, its system and user message; a few for a Responses body), each
+    /// under a seeded XXH3-128 of what was made and of the raw text.
+    static PARTS: std::cell::RefCell<Ring<Rc<dyn Any>, 32>> =
         std::cell::RefCell::new(Ring::new());
 }
 
@@ -711,6 +730,23 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_remembered_value_is_made_once_per_text_and_type() {
+        let made = std::cell::Cell::new(0);
+        let make = |value: u32| {
+            made.set(made.get() + 1);
+            value
+        };
+        assert_eq!(remembered("test/number", b"text", || make(1)), 1);
+        assert_eq!(remembered("test/number", b"text", || make(2)), 1, "kept");
+        assert_eq!(made.get(), 1);
+        assert_eq!(remembered("test/number", b"other text", || make(3)), 3);
+        assert_eq!(remembered("test/other", b"text", || make(4)), 4, "what is part of it");
+        // A value of another type under the same tag is made, never mistaken for it.
+        assert_eq!(remembered("test/number", b"text", || "s".to_owned()), "s");
+        assert_eq!(made.get(), 3);
     }
 
     proptest::proptest! {

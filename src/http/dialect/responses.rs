@@ -35,7 +35,9 @@ use super::overflow::{OverflowSignals, StreamEvent, is_context_overflow};
 use crate::api::{self, Origins};
 use crate::conversation::{Measure, Rewritten};
 use crate::http::provider_compaction::ResponsesContext;
-use crate::http::session_key::{FingerprintParts, SessionHeaders, scope_of, session_key_with};
+use crate::http::session_key::{
+    FingerprintParts, SessionHeaders, remembered, scope_of, session_key_with,
+};
 use crate::http::sse::Event;
 use crate::metrics::Route;
 use crate::model::ChatRequest;
@@ -123,8 +125,25 @@ impl Dialect for Responses {
                 _ => None,
             };
             let input = std::str::from_utf8(fields.field("input")?).ok()?;
-            let (system, user) = api::responses::fingerprint_messages(instructions, input)?;
-            let (system, user) = (system.map(Arc::from), user.map(Arc::from));
+            // Each part made once per text on the thread: an agent sends the same
+            // instructions and first items with every request of a conversation.
+            let shared = |text: Option<String>| text.map(Arc::<str>::from);
+            let (system, user) = api::responses::fingerprint_messages(
+                instructions,
+                input,
+                |raw| {
+                    let text = || shared(api::responses::instructions_text(raw));
+                    remembered("responses/instructions", raw.as_bytes(), text)
+                },
+                |raw| {
+                    let text = || shared(api::responses::text_input(raw));
+                    remembered("responses/text input", raw.as_bytes(), text)
+                },
+                |raw| {
+                    let item = || api::responses::first_item(raw).map(|i| i.map(Arc::<str>::from));
+                    remembered("responses/item", raw, item)
+                },
+            )?;
             let model = fields.model().unwrap_or_default();
             let scope = scope_of(|k| fields.field(k));
             Some(FingerprintParts { model: model.into_owned(), system, user, scope })
@@ -296,6 +315,8 @@ mod tests {
         let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": [],
             "encrypted_content": "gAAAA"});
         let developer = json!({"type": "message", "role": "developer", "content": "Be brief."});
+        let later = json!({"role": "user", "content": "Now the writer."});
+        let reference = json!({"type": "item_reference", "id": "msg_1"});
         vec![
             json!({"model": "gpt-5-codex", "input": "Fix the parser."}),
             json!({"model": "gpt-5-codex", "instructions": "You are Codex.", "input": "hi"}),
@@ -306,6 +327,12 @@ mod tests {
             json!({"input": [call, output, user], "max_output_tokens": 300}),
             json!({"model": "gpt-5-codex", "instructions": "Codex.", "input": [user],
                 "prompt_cache_key": "019a9544-7ab1-73c1-837e-1fa681f4462b"}),
+            // The next requests of a conversation: the same first items, more after them
+            // (a reference past the first messages is never read).
+            json!({"model": "gpt-4.1", "input": [developer, reasoning, user, call, output, later]}),
+            json!({"model": "gpt-4.1", "input": [developer, reasoning, user, call, output, later,
+                reference]}),
+            json!({"model": "gpt-4.1", "input": [later, developer, user]}),
         ]
     }
 
@@ -319,9 +346,12 @@ mod tests {
             let outline = Responses.outline(&bytes).unwrap();
             let (request, _) = Responses.parse(&bytes).unwrap();
             let parsed = Responses.session_key(&headers, &SessionHeaders::default(), &request);
-            let outlined =
-                Responses.outline_session_key(&headers, &SessionHeaders::default(), &outline);
-            assert_eq!(outlined, Some(parsed), "{body}");
+            // Twice: the second time from the parts the thread kept.
+            for _ in 0..2 {
+                let outlined =
+                    Responses.outline_session_key(&headers, &SessionHeaders::default(), &outline);
+                assert_eq!(outlined, Some(parsed.clone()), "{body}");
+            }
         }
     }
 
