@@ -286,8 +286,12 @@ fn same_key<D: Dialect>(dialect: &D, headers: &HeaderMap, body: &[u8]) {
     // The default headers: foldgate's own and Codex's.
     let named_by = SessionHeaders::default();
     let shared = Bytes::copy_from_slice(body);
+    let outline = dialect.outline(&shared);
     let from_outline =
-        dialect.outline(&shared).and_then(|o| dialect.outline_session_key(headers, &named_by, &o));
+        outline.as_ref().and_then(|o| dialect.outline_session_key(headers, &named_by, o));
+    // Again, from the parts the thread kept the first time.
+    let again = outline.as_ref().and_then(|o| dialect.outline_session_key(headers, &named_by, o));
+    assert_eq!(from_outline, again, "the kept parts give the key they gave");
     let Some((request, _)) = dialect.parse(body) else { return };
     let parsed = dialect.session_key(headers, &named_by, &request);
     if let Some(from_outline) = from_outline {

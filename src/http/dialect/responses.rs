@@ -355,6 +355,50 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Bodies of items of every kind the fingerprint reads, in any order, each
+        /// keyed from its outline twice (the second time from the parts the thread kept,
+        /// some of them from the bodies before): the parsed request's key, or none.
+        #[test]
+        fn any_first_items_give_the_parsed_requests_key(
+            instructions in proptest::option::of("[a-z \"é]{0,12}"),
+            items in proptest::collection::vec((0usize..8, "[a-z \"é]{0,12}"), 0..8),
+        ) {
+            use serde_json::json;
+            let input: Vec<serde_json::Value> = items
+                .iter()
+                .map(|(kind, text)| match kind {
+                    0 => json!({"role": "user", "content": text}),
+                    1 => json!({"type": "message", "role": "developer",
+                        "content": [{"type": "input_text", "text": text}]}),
+                    2 => json!({"role": "system", "content": text}),
+                    3 => json!({"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text}]}),
+                    4 => json!({"type": "function_call", "call_id": "c1", "name": "run",
+                        "arguments": text}),
+                    5 => json!({"type": "function_call_output", "call_id": "c1", "output": text}),
+                    6 => json!({"type": "reasoning", "id": "rs_1", "summary": [],
+                        "encrypted_content": text}),
+                    _ => json!({"type": "compaction", "id": "cmp_1", "encrypted_content": text}),
+                })
+                .collect();
+            let body = json!({"model": "m", "instructions": instructions, "input": input});
+            let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+            let mut headers = HeaderMap::new();
+            headers.insert("authorization", "Bearer sk-a".parse().unwrap());
+            let named_by = SessionHeaders::default();
+            let Some(outline) = Responses.outline(&bytes) else { return Ok(()) };
+            let Some((request, _)) = Responses.parse(&bytes) else { return Ok(()) };
+            let parsed = Responses.session_key(&headers, &named_by, &request);
+            for _ in 0..2 {
+                if let Some(outlined) = Responses.outline_session_key(&headers, &named_by, &outline) {
+                    proptest::prop_assert_eq!(&outlined, &parsed, "{}", body);
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_outline_defers_to_the_parser_where_it_cannot_tell() {
         use serde_json::json;
