@@ -137,12 +137,22 @@ pub fn item(id: &str, encrypted_content: &str) -> String {
     .to_string()
 }
 
+/// True when `text` names a `compaction_trigger` anywhere (the searcher built once: a
+/// Responses body is searched for it twice, its whole length each time).
+pub fn names_trigger(text: &[u8]) -> bool {
+    static TRIGGER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"compaction_trigger"));
+    TRIGGER.find(text).is_some()
+}
+
 /// `body` without the `compaction_trigger` item that ends its `input` (Codex's remote
 /// compaction: the request asks for its conversation to be compacted); `None` when its
 /// last input item is not one. Every other byte as received.
 pub fn take_trigger(body: &[u8]) -> Option<Vec<u8>> {
     // Most bodies do not name it: they are not parsed.
-    memchr::memmem::find(body, b"compaction_trigger")?;
+    if !names_trigger(body) {
+        return None;
+    }
     let text = std::str::from_utf8(body).ok()?;
     let object = json_text::Object::parse(text)?;
     let input = object.get("input")?.value.clone();

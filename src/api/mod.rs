@@ -218,9 +218,13 @@ impl<'de> Deserialize<'de> for Fields<'de> {
 /// The byte range of `raw` inside `body`, when `raw` was borrowed from it (as serde_json
 /// borrows a `&RawValue` from the slice it parses).
 pub fn range_in(body: &[u8], raw: &RawValue) -> Option<Range<usize>> {
-    let text = raw.get().as_bytes();
-    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-    let end = start.checked_add(text.len())?;
+    slice_range(body, raw.get().as_bytes())
+}
+
+/// The byte range of `part` inside `body`, when `part` was borrowed from it.
+pub fn slice_range(body: &[u8], part: &[u8]) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
     (end <= body.len()).then_some(start..end)
 }
 

@@ -618,18 +618,30 @@ pub fn input_as_items(raw: &str) -> Option<String> {
 /// (`continued` false): such an answer is not continued by id.
 pub fn chain_input(body: &[u8], continued: bool) -> Option<String> {
     let text = std::str::from_utf8(body).ok()?;
-    let object = super::json_text::Object::parse(text)?;
-    let unstored = object.value(text, "store").is_some_and(|v| v.trim() == "false");
+    // The two fields from a scan of the top level that does not parse the values (the
+    // input is most of a long body); a body the scan does not read (a key with an
+    // escape) is parsed.
+    let (store, input) = match crate::outline::Outline::scan_fields(body) {
+        Some(fields) => {
+            let text_of = |raw| text.get(super::slice_range(body, raw)?);
+            (fields.field("store").and_then(text_of), fields.field("input").and_then(text_of))
+        }
+        None => {
+            let object = super::json_text::Object::parse(text)?;
+            (object.value(text, "store"), object.value(text, "input"))
+        }
+    };
+    let unstored = store.is_some_and(|v| v.trim() == "false");
     if unstored && !continued {
         return None;
     }
-    input_as_items(object.value(text, "input")?).map(without_trigger)
+    input_as_items(input?).map(without_trigger)
 }
 
 /// `items` (a JSON array text) without a `compaction_trigger` item at its end: what a
 /// chain keeps (the trigger asks for a compaction; it is never part of the conversation).
 pub fn without_trigger(items: String) -> String {
-    if !items.contains("compaction_trigger") {
+    if !super::compaction_item::names_trigger(items.as_bytes()) {
         return items;
     }
     let Ok(mut list) = serde_json::from_str::<Vec<&RawValue>>(&items) else { return items };
@@ -814,5 +826,38 @@ mod tests {
         assert_eq!(without_trigger(triggered.to_owned()), r#"[{"role":"user","content":"x"}]"#);
         let named = r#"[{"role":"user","content":"compaction_trigger"}]"#;
         assert_eq!(without_trigger(named.to_owned()), named, "only an item of that type");
+    }
+
+    #[test]
+    fn a_chain_keeps_the_input_a_parser_reads() {
+        let user = r#"[{"role":"user","content":"hi"}]"#;
+        let chain = |body: &str, continued| chain_input(body.as_bytes(), continued);
+        assert_eq!(
+            chain(&format!(r#"{{"model":"m","input":{user}}}"#), false).as_deref(),
+            Some(user)
+        );
+        // The last of duplicate keys, as a parser keeps it.
+        let twice = format!(r#"{{"input":"first","model":"m","input":{user}}}"#);
+        assert_eq!(chain(&twice, false).as_deref(), Some(user));
+        // Not stored, and continuing nothing: not kept.
+        let unstored = format!(r#"{{"store":false,"input":{user}}}"#);
+        assert_eq!(chain(&unstored, false), None);
+        assert_eq!(chain(&unstored, true).as_deref(), Some(user));
+        let stored_twice = format!(r#"{{"store":false,"input":{user},"store":true}}"#);
+        assert_eq!(chain(&stored_twice, false).as_deref(), Some(user));
+        // A key with an escape is read as a parser reads it.
+        let escaped = format!(r#"{{"st\u006fre":false,"inp\u0075t":{user}}}"#);
+        assert_eq!(chain(&escaped, false), None);
+        assert_eq!(chain(&escaped, true).as_deref(), Some(user));
+        let text = r#"{"input":"hi \"there\""}"#;
+        let message = r#"[{"type":"message","role":"user","content":"hi \"there\""}]"#;
+        assert_eq!(chain(text, false).as_deref(), Some(message));
+        let triggered =
+            r#"{"input":[{"role":"user","content":"hi"},{"type":"compaction_trigger"}]}"#;
+        assert_eq!(chain(triggered, false).as_deref(), Some(user));
+        assert_eq!(chain(r#"{"model":"m"}"#, false), None);
+        assert_eq!(chain("{}", false), None);
+        assert_eq!(chain(r#"{"input":[1,"#, false), None);
+        assert_eq!(chain("\u{ff}", false), None);
     }
 }
