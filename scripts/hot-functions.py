@@ -18,7 +18,11 @@ within them the hottest.
 The names are the linker's (mangled, with their hashes): a new compiler or new
 dependency versions change them. A listed name the binary lacks is skipped by the
 linker, so a stale list costs speed, never a build. `--check` tells how much of the
-list the built binary still has; write the list again when it drops.
+list the built binary still has; write the list again when it drops, and keep the new
+list only when a chat request costs no more with it side by side
+(scripts/cpu-side-by-side.py, the same code linked with each list): a list written after
+other paths changed orders the chat path differently, and one such cost 4 % more CPU
+(docs/PERFORMANCE.md, sixth pass).
 
 `--footprint PROFILE` prints what one kept profile's requests ran every time: the
 cache lines and 4 KiB pages of the binary's code they touched (KEEP_PROFILES=1
