@@ -184,6 +184,30 @@ class Client:
             self.one()
 
 
+def target(spec, upstream, work, nginx_conf=NGINX, **settings):
+    """What runs a target, from NAME=KIND:PATH: its name, port, home directory (made in
+    `work`), command and environment (None: inherited). nginx runs with `nginx_conf`;
+    foldgate in the default configuration (`info` log), compaction as KIND says, with
+    `settings` (more FOLDGATE_ variables) added. Both proxy to port `upstream`."""
+    name, _, rest = spec.partition("=")
+    kind, _, path = rest.partition(":")
+    if kind not in ("on", "off", "nginx") or not name or not path:
+        sys.exit("a target is NAME=on|off|nginx:PATH, not %r" % spec)
+    port, home = free_port(), tempfile.mkdtemp(dir=work)
+    if kind == "nginx":
+        conf = os.path.join(home, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(nginx_conf.format(d=home, up=upstream, port=port))
+        return name, port, home, [path, "-p", home, "-c", conf, "-e", os.path.join(home, "err.log")], None
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FOLDGATE_", "OTEL_")) and k != "RUST_LOG"}
+    env.update(FOLDGATE_LISTEN="127.0.0.1:%d" % port,
+               FOLDGATE_UPSTREAM_URL="http://127.0.0.1:%d/v1" % upstream,
+               FOLDGATE_LOG__LEVEL="info",
+               FOLDGATE_COMPACTION__ENABLED="true" if kind == "on" else "false", **settings)
+    return name, port, home, [os.path.abspath(path), "serve"], env
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -203,24 +227,7 @@ def main():
         wait_port(upstream, mock, "the mock upstream")
         targets = []
         for spec in args.targets:
-            name, _, rest = spec.partition("=")
-            kind, _, path = rest.partition(":")
-            if kind not in ("on", "off", "nginx") or not name or not path:
-                sys.exit("a target is NAME=on|off|nginx:PATH, not %r" % spec)
-            port, home = free_port(), tempfile.mkdtemp(dir=work)
-            if kind == "nginx":
-                conf = os.path.join(home, "nginx.conf")
-                with open(conf, "w") as f:
-                    f.write(NGINX.format(d=home, up=upstream, port=port))
-                command, env = [path, "-p", home, "-c", conf, "-e", os.path.join(home, "err.log")], None
-            else:
-                env = {k: v for k, v in os.environ.items()
-                       if not k.startswith(("FOLDGATE_", "OTEL_")) and k != "RUST_LOG"}
-                env.update(FOLDGATE_LISTEN="127.0.0.1:%d" % port,
-                           FOLDGATE_UPSTREAM_URL="http://127.0.0.1:%d/v1" % upstream,
-                           FOLDGATE_LOG__LEVEL="info",
-                           FOLDGATE_COMPACTION__ENABLED="true" if kind == "on" else "false")
-                command = [os.path.abspath(path), "serve"]
+            name, port, home, command, env = target(spec, upstream, work)
             with open(os.path.join(home, "output"), "w") as output:
                 process = subprocess.Popen(command, env=env, cwd=home, stdout=output, stderr=subprocess.STDOUT)
             processes.append(process)

@@ -43,19 +43,10 @@ _spec = importlib.util.spec_from_file_location("side_by_side", os.path.join(HERE
 side_by_side = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(side_by_side)
 
-NGINX_ONE_WORKER = """daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;
-error_log {d}/nginx-error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off; client_body_temp_path {d}/cb; proxy_temp_path {d}/px;
-  fastcgi_temp_path {d}/fc; uwsgi_temp_path {d}/uw; scgi_temp_path {d}/sc;
-  keepalive_requests 1000000; keepalive_timeout 300s;
-  upstream mock {{ server 127.0.0.1:{up}; keepalive 64; }}
-  server {{ listen 127.0.0.1:{port}; client_max_body_size 32m;
-    location / {{ proxy_pass http://mock; proxy_http_version 1.1;
-      proxy_set_header Connection ""; proxy_request_buffering off; proxy_buffering off; }} }}
-}}
-"""
+# The side-by-side script's nginx, one worker and no master (as under callgrind).
+NGINX_ONE_WORKER = side_by_side.NGINX.replace(
+    "master_process on; worker_processes auto;", "master_process off; worker_processes 1;")
+assert "worker_processes 1;" in NGINX_ONE_WORKER
 
 QUIET = 0.5  # seconds without an access that end a request's trace
 
@@ -145,13 +136,15 @@ def name_of(maps, line):
     return "other"
 
 
-def measure(name, command, env, port, body, requests):
-    """Median lines and pages a request touches, and the mean split of its data lines."""
+def measure(name, command, env, port, body, requests, home):
+    """Median lines and pages a request touches, and the mean split of its data lines;
+    the target runs in `home`, where valgrind's output is kept."""
+    output = os.path.join(home, "valgrind-output")
     read_fd, write_fd = os.pipe()
     process = subprocess.Popen(
         ["valgrind", "--tool=lackey", "--trace-mem=yes", "--log-fd=%d" % write_fd] + command,
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
-        start_new_session=True)
+        env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=open(output, "w"),
+        pass_fds=(write_fd,), start_new_session=True)
     os.close(write_fd)
     trace = Trace(read_fd)
     trace.start()
@@ -163,7 +156,7 @@ def measure(name, command, env, port, body, requests):
                 break
             except OSError:
                 if process.poll() is not None or time.time() > deadline:
-                    sys.exit("%s does not listen under valgrind" % name)
+                    sys.exit("%s does not listen under valgrind (see %s)" % (name, output))
                 time.sleep(0.5)
         # The start done: its backlog read (the tick comes every second).
         trace.quiet(0.7)
@@ -172,7 +165,8 @@ def measure(name, command, env, port, body, requests):
         rows = [trace.record(client_one) for _ in range(requests + 2)][2:]
         maps = regions(process.pid, os.path.realpath(command[0]))
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         os.close(read_fd)
 
@@ -205,26 +199,9 @@ def main():
         side_by_side.wait_port(upstream, mock, "the mock upstream")
         results = []
         for spec in args.targets:
-            name, _, rest = spec.partition("=")
-            kind, _, path = rest.partition(":")
-            if kind not in ("on", "off", "nginx") or not name or not path:
-                sys.exit("a target is NAME=on|off|nginx:PATH, not %r" % spec)
-            port, home = side_by_side.free_port(), tempfile.mkdtemp(dir=work)
-            if kind == "nginx":
-                conf = os.path.join(home, "nginx.conf")
-                with open(conf, "w") as f:
-                    f.write(NGINX_ONE_WORKER.format(d=home, up=upstream, port=port))
-                command, env = [path, "-p", home, "-c", conf, "-e", os.path.join(home, "err.log")], None
-            else:
-                env = {k: v for k, v in os.environ.items()
-                       if not k.startswith(("FOLDGATE_", "OTEL_")) and k != "RUST_LOG"}
-                env.update(FOLDGATE_LISTEN="127.0.0.1:%d" % port,
-                           FOLDGATE_UPSTREAM_URL="http://127.0.0.1:%d/v1" % upstream,
-                           FOLDGATE_SERVER__WORKERS="1", FOLDGATE_LOG__LEVEL="info",
-                           FOLDGATE_COMPACTION__ENABLED="true" if kind == "on" else "false")
-                command = [os.path.abspath(path), "serve"]
-            os.chdir(home)
-            results.append((name, measure(name, command, env, port, body, args.requests)))
+            name, port, home, command, env = side_by_side.target(
+                spec, upstream, work, NGINX_ONE_WORKER, FOLDGATE_SERVER__WORKERS="1")
+            results.append((name, measure(name, command, env, port, body, args.requests, home)))
         print("memory touched per %d KiB chat request (median of %d, valgrind lackey):"
               % (args.body_kb, args.requests))
         print("  %-10s %10s %10s %10s %10s" % ("", "data lines", "data pages", "code lines", "code pages"))
