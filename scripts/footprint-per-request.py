@@ -29,8 +29,8 @@ import argparse
 import collections
 import importlib.util
 import os
-import select
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -141,10 +141,11 @@ def measure(name, command, env, port, body, requests, home):
     the target runs in `home`, where valgrind's output is kept."""
     output = os.path.join(home, "valgrind-output")
     read_fd, write_fd = os.pipe()
-    process = subprocess.Popen(
-        ["valgrind", "--tool=lackey", "--trace-mem=yes", "--log-fd=%d" % write_fd] + command,
-        env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=open(output, "w"),
-        pass_fds=(write_fd,), start_new_session=True)
+    with open(output, "w") as stderr:
+        process = subprocess.Popen(
+            ["valgrind", "--tool=lackey", "--trace-mem=yes", "--log-fd=%d" % write_fd] + command,
+            env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=stderr,
+            pass_fds=(write_fd,), start_new_session=True)
     os.close(write_fd)
     trace = Trace(read_fd)
     trace.start()
@@ -152,7 +153,7 @@ def measure(name, command, env, port, body, requests, home):
         deadline = time.time() + 900
         while True:
             try:
-                side_by_side.socket.create_connection(("127.0.0.1", port), 0.2).close()
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
                 break
             except OSError:
                 if process.poll() is not None or time.time() > deadline:
@@ -161,8 +162,7 @@ def measure(name, command, env, port, body, requests, home):
         # The start done: its backlog read (the tick comes every second).
         trace.quiet(0.7)
         client = side_by_side.Client(port, body, 1)
-        client_one = client.one
-        rows = [trace.record(client_one) for _ in range(requests + 2)][2:]
+        rows = [trace.record(client.one) for _ in range(requests + 2)][2:]
         maps = regions(process.pid, os.path.realpath(command[0]))
     finally:
         if process.poll() is None:
