@@ -15,9 +15,15 @@ some instruction of it ran on at least 90 % of the counted requests of a profile
 that more profiles run come first (the server's, then the compacted routes'), and
 within them the hottest.
 
-The names are the linker's (mangled, with their hashes): a new compiler or new
-dependency versions change them. A listed name the binary lacks is skipped by the
-linker, so a stale list costs speed, never a build. `--check` tells how much of the
+The list holds the functions' mangled names without the hash each build gives a symbol
+(`...17h*` in the legacy scheme, `Cs*_` for a v0 crate's disambiguator): the hashes
+change with the compiler, the dependencies and the directory the project is built in,
+so a list of whole names matched a quarter of a build made elsewhere. build.rs turns the
+list into a linker script that matches them as patterns of section names. A generic
+function has one symbol per instance under the same path: a path that more than
+AMBIGUOUS symbols of the profiled binary share is left out (it would place every
+instance, most of them cold, among the hot code). A listed path the binary lacks matches
+nothing, so a stale list costs speed, never a build. `--check` tells how much of the
 list the built binary still has; write the list again when it drops, and keep the new
 list only when a chat request costs no more with it side by side
 (scripts/cpu-side-by-side.py, the same code linked with each list): a list written after
@@ -47,6 +53,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIST = os.path.join(ROOT, "linker", "hot-functions.txt")
 BINARY = os.path.join(ROOT, "target", "release", "foldgate")
 # (API, BODY_KB, streamed) profiled; each with compaction on and off.
+# A path shared by more symbols than this is not listed (see above).
+AMBIGUOUS = 4
 SHAPES = [(api, kb, stream) for api in ("chat", "responses", "messages")
           for kb, stream in ((2, False), (50, False), (2, True))]
 
@@ -63,6 +71,12 @@ def functions(binary):
         if len(parts) == 4 and parts[2] in "tTwW":
             found.append((int(parts[0], 16), int(parts[1], 16), parts[3]))
     return found
+
+
+def pattern(name):
+    """`name` without its build's hashes: what the list holds and build.rs matches."""
+    name = re.sub(r"17h[0-9a-f]{16}E(\.\d+)?$", "17h*", name)
+    return re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", name)
 
 
 def instruction_counts(profile, binary_name):
@@ -135,11 +149,12 @@ def profile(api, body_kb, stream, requests, into):
 
 
 def check(table):
-    names = {name for _, _, name in table}
+    shared = collections.Counter(pattern(name) for _, _, name in table)
     listed = [line.strip() for line in open(LIST) if line.strip()]
-    present = sum(name in names for name in listed)
+    present = sum(shared[p] > 0 for p in listed)
     print(f"{present} of the {len(listed)} functions in {os.path.relpath(LIST, ROOT)} are in "
-          f"{os.path.relpath(BINARY, ROOT)} ({100 * present / max(len(listed), 1):.0f} %)")
+          f"{os.path.relpath(BINARY, ROOT)} ({100 * present / max(len(listed), 1):.0f} %), "
+          f"{sum(shared[p] for p in listed)} symbols matched")
 
 
 def main():
@@ -173,10 +188,15 @@ def main():
                 total.update(found)
                 profiles.update(found.keys())
     order = sorted(total, key=lambda name: (-profiles[name], -total[name], name))
-    names = list(order)
+    shared = collections.Counter(pattern(name) for _, _, name in table)
+    names, patterns = [], []
+    for name in order:
+        if shared[pattern(name)] <= AMBIGUOUS and pattern(name) not in patterns:
+            names.append(name)
+            patterns.append(pattern(name))
     os.makedirs(os.path.dirname(LIST), exist_ok=True)
     with open(LIST, "w") as out:
-        out.write("".join(f"{name}\n" for name in names))
+        out.write("".join(f"{p}\n" for p in patterns))
     sizes = {name: size for _, size, name in table}
     print(f"{len(names)} functions, {sum(sizes[n] for n in names) / 1024:.0f} KiB, "
           f"written to {os.path.relpath(LIST, ROOT)}")

@@ -152,7 +152,7 @@ wait_port() {
     echo "nothing listens on $1 ($2)" >&2; tail -30 "$work/$2.err" >&2; exit 1
 }
 
-# Kept profiles count by instruction too (scripts/hot-functions.sh reads them).
+# Kept profiles count by instruction too (scripts/hot-functions.py reads them).
 dump_instr=()
 [ "${KEEP_PROFILES:-0}" = 1 ] && dump_instr=(--dump-instr=yes)
 
