@@ -16,8 +16,9 @@ pub struct Decision {
     pub outcome: Outcome,
     /// The compacted request to forward, when it is not the original.
     pub rewritten: Option<Rewritten>,
-    /// The engine's report, when the engine ran to the end.
-    pub report: Option<Report>,
+    /// The engine's report, when the engine ran to the end (boxed: the decision moves
+    /// from the engine to the exchange's record, and the report is most of it).
+    pub report: Option<Box<Report>>,
     /// The session store failed; the request was handled without stored state.
     pub store_error: bool,
     /// Why compaction failed, for the log.
@@ -48,7 +49,7 @@ pub struct Rewritten {
 impl Decision {
     /// Nothing to compact: forward the original bytes (`report` says what was measured).
     pub fn unchanged(report: Report) -> Self {
-        Self { report: Some(report), ..Self::original(Outcome::Passthrough) }
+        Self { report: Some(Box::new(report)), ..Self::original(Outcome::Passthrough) }
     }
 
     /// Forwarded as received without running the engine: a request that relies on
@@ -69,7 +70,7 @@ impl Decision {
         let rewritten = Rewritten { body: Bytes::from(folded.to_vec()), request: folded };
         Self {
             rewritten: Some(rewritten),
-            report: Some(fold.report.clone()),
+            report: Some(Box::new(fold.report.clone())),
             ..Self::original(Outcome::Compacted)
         }
     }

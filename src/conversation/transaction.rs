@@ -96,7 +96,7 @@ impl Inner {
         Decision {
             outcome,
             rewritten,
-            report: Some(report),
+            report: Some(Box::new(report)),
             store_error,
             error: None,
             fold_wait,

@@ -152,7 +152,7 @@ impl Record {
         let tags = Tags::on(response);
         tags.outcome = Some(decision.outcome.as_str());
         tags.session = Some(decided.key.clone());
-        if let Some(Report { tokens_before, tokens_after, tier, .. }) = &decision.report {
+        if let Some(Report { tokens_before, tokens_after, tier, .. }) = decision.report.as_deref() {
             tags.tokens = Some((*tokens_before, *tokens_after));
             tags.tier = Some(tier.as_str());
         }

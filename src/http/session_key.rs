@@ -466,6 +466,15 @@ static RECENT_SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
     hasher.finish()
 });
 
+/// The most bytes [`Recent::tag`] hashes in one piece.
+const TAG_BUFFER: usize = 384;
+
+thread_local! {
+    /// [`Recent::tag`]'s parts laid end to end.
+    static TAG_BYTES: std::cell::RefCell<Vec<u8>> =
+        std::cell::RefCell::new(Vec::with_capacity(TAG_BUFFER));
+}
+
 impl Recent {
     fn tag(credential: Option<(&str, &HeaderValue)>, named: &Named<'_>) -> u128 {
         let length;
@@ -486,21 +495,21 @@ impl Recent {
                 }
             },
         );
-        // The parts one after the other, hashed at once when they fit a small buffer
-        // (most do: a key and an id): a streaming hasher's setup costs more than the
-        // hash. The digest is the same either way.
-        let mut buffer = [0u8; 384];
-        let mut filled = 0;
-        for part in who.iter().chain(&what) {
-            let Some(room) = buffer.get_mut(filled..filled + part.len()) else {
-                let mut tag = Xxh3::with_seed(*RECENT_SEED);
-                who.iter().chain(&what).for_each(|part| tag.update(part));
-                return tag.digest128();
-            };
-            room.copy_from_slice(part);
-            filled += part.len();
+        // The parts one after the other, hashed at once in the thread's buffer when they
+        // are small (most are: a key and an id): a streaming hasher's setup costs more
+        // than the hash, and a buffer on the stack would be cleared on every call. The
+        // digest is the same either way.
+        let len: usize = who.iter().chain(&what).map(|part| part.len()).sum();
+        if len > TAG_BUFFER {
+            let mut tag = Xxh3::with_seed(*RECENT_SEED);
+            who.iter().chain(&what).for_each(|part| tag.update(part));
+            return tag.digest128();
         }
-        xxhash_rust::xxh3::xxh3_128_with_seed(&buffer[..filled], *RECENT_SEED)
+        TAG_BYTES.with_borrow_mut(|buffer| {
+            buffer.clear();
+            who.iter().chain(&what).for_each(|part| buffer.extend_from_slice(part));
+            xxhash_rust::xxh3::xxh3_128_with_seed(buffer, *RECENT_SEED)
+        })
     }
 
     fn get(tag: u128) -> Option<SessionKey> {

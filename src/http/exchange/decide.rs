@@ -158,7 +158,7 @@ impl<D: Dialect> Exchange<'_, D> {
         let token_ratio = self.token_ratio(&self.record.decided.as_ref()?.model_name);
         let decided = self.record.decided.as_mut()?;
         let steer = self.steer.as_ref().unwrap_or(&self.place.routes.steer);
-        let planned = decided.decision.report.as_ref();
+        let planned = decided.decision.report.as_deref();
         let overflow = Overflow { stated, planned, token_ratio, steer };
         self.record.started = std::time::Instant::now();
         let caller = caller(dialect, &self.headers);
