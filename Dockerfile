@@ -3,8 +3,8 @@
 # certificates (for `upstream.tls_roots = "system"`) and a non-root user.
 
 # The toolchain is pinned: linker/hot-functions.txt names the request path's functions
-# as this compiler mangles them (build.rs, docs/PERFORMANCE.md); another one links the
-# same binary without that layout.
+# by their mangled paths (build.rs, docs/PERFORMANCE.md), which another compiler may
+# spell or inline otherwise and so lay out less of.
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 COPY . .
