@@ -3,6 +3,9 @@
 //! links has a listed function first in its `.text`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+#[path = "common/tools.rs"]
+mod tools;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -64,14 +67,14 @@ fn patterns_match_names_with_any_hash() {
 
 #[test]
 fn the_linked_binary_starts_its_text_with_a_listed_function() {
+    // binutils come with the C toolchain Rust links with.
+    if !tools::tool_available("nm", "binutils") || !tools::tool_available("readelf", "binutils") {
+        return;
+    }
     let binary = env!("CARGO_BIN_EXE_foldgate");
     let nm = Command::new("nm").args(["--defined-only", "--numeric-sort", binary]).output();
-    let Some(nm) = nm.ok().filter(|out| out.status.success()) else {
-        // binutils come with the C toolchain Rust links with; without them nothing here
-        // can be read.
-        println!("skipped: nm (binutils) is not installed");
-        return;
-    };
+    let nm = nm.expect("nm runs");
+    assert!(nm.status.success(), "nm {binary}: {}", String::from_utf8_lossy(&nm.stderr));
     let text = section_start(binary, ".text");
     let first = String::from_utf8_lossy(&nm.stdout)
         .lines()
