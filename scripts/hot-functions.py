@@ -10,7 +10,8 @@ far fewer pages. docs/PERFORMANCE.md has the figures.
 The list is taken from callgrind profiles of the release binary as users build it
 (scripts/instructions-per-request.sh, KEEP_PROFILES=1): chat completions, Responses and
 Messages requests of 2 KiB and 50 KiB answered whole, and of 2 KiB answered as an event
-stream (as agents ask), compaction on and off. A function is listed when
+stream (as agents ask), and the latency bench's 2 KiB chat exchange (SHAPE=bench),
+compaction on and off. A function is listed when
 some instruction of it ran on at least 90 % of the counted requests of a profile. Those
 that more profiles run come first (the server's, then the compacted routes'), and
 within them the hottest.
@@ -52,11 +53,12 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIST = os.path.join(ROOT, "linker", "hot-functions.txt")
 BINARY = os.path.join(ROOT, "target", "release", "foldgate")
-# (API, BODY_KB, streamed) profiled; each with compaction on and off.
 # A path shared by more symbols than this is not listed (see above).
-AMBIGUOUS = 4
-SHAPES = [(api, kb, stream) for api in ("chat", "responses", "messages")
-          for kb, stream in ((2, False), (50, False), (2, True))]
+AMBIGUOUS = 8
+# (API, BODY_KB, streamed, SHAPE) profiled; each with compaction on and off. The bench's
+# shape (its answer carries OpenAI's full usage details) beside the plain ones.
+SHAPES = [(api, kb, stream, "plain") for api in ("chat", "responses", "messages")
+          for kb, stream in ((2, False), (50, False), (2, True))] + [("chat", 2, False, "bench")]
 
 
 def functions(binary):
@@ -132,17 +134,17 @@ def hot(counts, table, requests):
     return {name: cost[name] for name in every}
 
 
-def profile(api, body_kb, stream, requests, into):
+def profile(api, body_kb, stream, shape, requests, into):
     """Runs instructions-per-request.sh for one shape; the two profiles' paths."""
     env = dict(os.environ, KEEP_PROFILES="1", SKIP_BUILD="1", API=api, BODY_KB=str(body_kb),
-               STREAM="1" if stream else "0")
+               STREAM="1" if stream else "0", SHAPE=shape)
     subprocess.run(
         [os.path.join(ROOT, "scripts", "instructions-per-request.sh"), str(requests)],
         check=True, cwd=ROOT, env=env, stdout=sys.stderr,
     )
     kept = []
     for setting in ("default", "off"):
-        path = os.path.join(into, f"{api}-{body_kb}-{int(stream)}-{setting}.callgrind")
+        path = os.path.join(into, f"{api}-{body_kb}-{int(stream)}-{shape}-{setting}.callgrind")
         shutil.move(os.path.join(ROOT, "target", f"foldgate-{setting}.callgrind"), path)
         kept.append(path)
     return kept
@@ -181,8 +183,8 @@ def main():
         return
     total, profiles = collections.Counter(), collections.Counter()
     with tempfile.TemporaryDirectory() as into:
-        for api, body_kb, stream in SHAPES:
-            for path in profile(api, body_kb, stream, args.requests, into):
+        for api, body_kb, stream, shape in SHAPES:
+            for path in profile(api, body_kb, stream, shape, args.requests, into):
                 counts = instruction_counts(path, os.path.basename(BINARY))
                 found = hot(counts, table, args.requests)
                 total.update(found)
