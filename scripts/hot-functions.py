@@ -191,16 +191,16 @@ def main():
                 profiles.update(found.keys())
     order = sorted(total, key=lambda name: (-profiles[name], -total[name], name))
     shared = collections.Counter(pattern(name) for _, _, name in table)
-    names, patterns = [], []
+    # Each path once, where its hottest symbol stands.
+    kept = {}
     for name in order:
-        if shared[pattern(name)] <= AMBIGUOUS and pattern(name) not in patterns:
-            names.append(name)
-            patterns.append(pattern(name))
+        if shared[pattern(name)] <= AMBIGUOUS:
+            kept.setdefault(pattern(name), name)
     os.makedirs(os.path.dirname(LIST), exist_ok=True)
     with open(LIST, "w") as out:
-        out.write("".join(f"{p}\n" for p in patterns))
+        out.write("".join(f"{p}\n" for p in kept))
     sizes = {name: size for _, size, name in table}
-    print(f"{len(names)} functions, {sum(sizes[n] for n in names) / 1024:.0f} KiB, "
+    print(f"{len(kept)} functions, {sum(sizes[n] for n in kept.values()) / 1024:.0f} KiB, "
           f"written to {os.path.relpath(LIST, ROOT)}")
 
 
