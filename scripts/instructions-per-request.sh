@@ -61,77 +61,6 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 MOCK_PORT=$(free_port); FG_PORT=$(free_port); NG_PORT=$(free_port)
 
-cat >"$work/load.py" <<'EOF'
-import http.client, json, os, sys
-port, n, size, api = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) * 1024, sys.argv[4]
-# The bench's request: keys sorted, no spaces (as serde_json writes its json! values).
-compact = {"sort_keys": True, "separators": (",", ":")} if os.environ["SHAPE"] == "bench" else {}
-stream = os.environ["STREAM"] == "1"
-usage = {"stream_options": {"include_usage": True}} if stream else {}
-words = "the parser reads each frame and the writer flushes buffered output to disk".split()
-def prose(n, seed):
-    out = []
-    while sum(len(w) + 1 for w in out) < n:
-        out.append(words[(len(out) * 7 + seed) % len(words)])
-    return " ".join(out)[:n]
-def items(messages):
-    out = []
-    for m in messages[1:]:
-        if m.get("tool_calls"):
-            out += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
-                     "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
-        elif m["role"] == "tool":
-            out.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
-        else:
-            out.append({"role": m["role"], "content": m["content"]})
-    return out
-def blocks(messages):
-    out = []
-    for m in messages[1:]:
-        if m.get("tool_calls"):
-            out.append({"role": "assistant", "content": [
-                {"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                 "input": json.loads(c["function"]["arguments"])} for c in m["tool_calls"]]})
-        elif m["role"] == "tool":
-            out.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}]})
-        else:
-            out.append({"role": m["role"], "content": m["content"]})
-    return out
-def envelope(messages, last):
-    if api == "messages":
-        return json.dumps({"model": "claude-sonnet-4-5", "system": messages[0]["content"],
-                           "messages": blocks(messages + [{"role": "user", "content": last}]),
-                           "max_tokens": 1024, "stream": stream}, **compact).encode()
-    if api == "responses":
-        return json.dumps({"model": "gpt-4o-mini", "instructions": messages[0]["content"],
-                           "input": items(messages + [{"role": "user", "content": last}]),
-                           "temperature": 0.2, "max_output_tokens": 1024, "stream": stream}).encode()
-    return json.dumps({"model": "gpt-4o-mini", "messages": messages + [{"role": "user", "content": last}],
-                       "temperature": 0.2, "max_tokens": 1024, "stream": stream, **usage}, **compact).encode()
-messages = [{"role": "system", "content": prose(600, 1)}]
-turn = 0
-while len(envelope(messages, "")) + 1500 < size:
-    call = "call_%04d" % turn
-    messages += [{"role": "user", "content": prose(300, turn)},
-                 {"role": "assistant", "content": None, "tool_calls": [{"id": call, "type": "function",
-                  "function": {"name": "read_file", "arguments": json.dumps({"path": "src/m%d.rs" % turn})}}]},
-                 {"role": "tool", "tool_call_id": call, "content": prose(700, turn + 2)},
-                 {"role": "assistant", "content": prose(250, turn + 4)}]
-    turn += 1
-body = envelope(messages, prose(max(0, size - len(envelope(messages, ""))), turn))
-connection = http.client.HTTPConnection("127.0.0.1", port)
-for _ in range(n):
-    path = {"responses": "/v1/responses", "messages": "/v1/messages"}.get(api, "/v1/chat/completions")
-    headers = {"content-type": "application/json", "authorization": "Bearer sk-test"}
-    if api == "messages":
-        headers = {"content-type": "application/json", "x-api-key": "sk-ant-test",
-                   "anthropic-version": "2023-06-01"}
-    connection.request("POST", path, body=body, headers=headers)
-    response = connection.getresponse()
-    response.read()
-    assert response.status == 200, response.status
-EOF
 cat >"$work/nginx.conf" <<EOF
 daemon off; master_process off; worker_processes 1; pid $work/nginx.pid; error_log $work/nginx.err;
 events { worker_connections 1024; }
@@ -163,9 +92,9 @@ count() {
     valgrind --tool=callgrind "${dump_instr[@]}" --callgrind-out-file="$out" "$@" >/dev/null 2>"$work/$name.err" & local pid=$!
     pids+=("$pid")
     wait_port "$port" "$name"
-    python3 "$work/load.py" "$port" 300 "$BODY_KB" "$API"
+    python3 scripts/chat-load.py "$port" 300 "$BODY_KB" "$API"
     callgrind_control -z "$pid" >/dev/null 2>&1
-    python3 "$work/load.py" "$port" "$N" "$BODY_KB" "$API"
+    python3 scripts/chat-load.py "$port" "$N" "$BODY_KB" "$API"
     callgrind_control -d "$pid" >/dev/null 2>&1
     sleep 1
     kill "$pid"; wait "$pid" 2>/dev/null || true
