@@ -30,10 +30,6 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed={LIST}");
     println!("cargo:rerun-if-env-changed=FOLDGATE_LINK_ORDER");
-    // The crate is compiled again when its execution profile changes (pgo/README.md):
-    // cargo does not see what pgo/rustc-wrapper adds.
-    println!("cargo:rerun-if-changed=pgo/foldgate.profdata");
-    println!("cargo:rerun-if-env-changed=FOLDGATE_PGO");
     if std::env::var("FOLDGATE_LINK_ORDER").is_ok_and(|v| v == "off") {
         return;
     }

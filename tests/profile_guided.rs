@@ -90,3 +90,20 @@ fn the_tree_holds_an_indexed_llvm_profile_and_cargo_uses_the_wrapper() {
     let config = std::fs::read_to_string(root().join(".cargo/config.toml")).unwrap();
     assert!(config.lines().any(|l| l.trim() == "rustc-wrapper = \"pgo/rustc-wrapper\""));
 }
+
+/// Cargo builds every crate again only when their flags change: the configuration's
+/// flags carry the profile's digest, so that a new profile reaches every crate (crates
+/// built with two profiles do not link).
+#[test]
+fn the_build_flags_carry_the_profile_digest() {
+    use sha2::Digest;
+    let profile = std::fs::read(root().join("pgo/foldgate.profdata")).unwrap();
+    let digest: String =
+        sha2::Sha256::digest(&profile).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let config = std::fs::read_to_string(root().join(".cargo/config.toml")).unwrap();
+    let expected = format!("rustflags = [\"--cfg=foldgate_profile=\\\"{digest}\\\"\"]");
+    assert!(
+        config.lines().any(|l| l.trim() == expected),
+        "{expected} missing from .cargo/config.toml: run scripts/pgo-profile.sh, or write it"
+    );
+}
