@@ -183,11 +183,12 @@ impl Message {
 
     fn kind(&self) -> Kind {
         *self.kind.get_or_init(|| {
-            let role = Role::parse(self.value().get("role").and_then(Value::as_str).unwrap_or(""));
+            let role =
+                Role::parse(field(self.value(), "role").and_then(Value::as_str).unwrap_or(""));
             let first = match self.content() {
                 Some(Value::String(s)) => Some(s.as_str()),
                 Some(Value::Array(parts)) => {
-                    parts.iter().find_map(|p| p.get("text").and_then(Value::as_str))
+                    parts.iter().find_map(|p| field(p, "text").and_then(Value::as_str))
                 }
                 _ => None,
             };
@@ -202,12 +203,12 @@ impl Message {
 
     /// The `name` field, if any.
     pub fn name(&self) -> Option<&str> {
-        self.value().get("name").and_then(Value::as_str)
+        field(self.value(), "name").and_then(Value::as_str)
     }
 
     /// The `content` field (string, array of parts, or null/absent).
     pub fn content(&self) -> Option<&Value> {
-        self.value().get("content")
+        field(self.value(), "content")
     }
 
     /// All text of the content: the string, or the `text` of every text part joined by
@@ -218,12 +219,15 @@ impl Message {
 
     /// The `tool_calls` entries (empty when absent).
     pub fn tool_calls(&self) -> &[Value] {
-        self.value().get("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+        field(self.value(), "tool_calls")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     /// The legacy `function_call`, if any.
     pub fn function_call(&self) -> Option<&Value> {
-        self.value().get("function_call").filter(|v| v.is_object())
+        field(self.value(), "function_call").filter(|v| v.is_object())
     }
 
     /// True for an assistant message that calls tools or a function.
@@ -233,7 +237,7 @@ impl Message {
 
     /// `tool_call_id` of a tool message.
     pub fn tool_call_id(&self) -> Option<&str> {
-        self.value().get("tool_call_id").and_then(Value::as_str)
+        field(self.value(), "tool_call_id").and_then(Value::as_str)
     }
 
     /// True for a digest written by foldgate (content starts with [`DIGEST_MARKER`]).
@@ -298,7 +302,7 @@ pub fn content_text(content: Option<&Value>) -> String {
         Some(Value::Array(parts)) => {
             let mut out = String::new();
             for p in parts {
-                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                if let Some(t) = field(p, "text").and_then(Value::as_str) {
                     if !out.is_empty() {
                         out.push('\n');
                     }
@@ -311,13 +315,27 @@ pub fn content_text(content: Option<&Value>) -> String {
     }
 }
 
+/// Field `key` of `value` when it is an object. A message's objects hold a handful of
+/// fields: they are compared in order, which costs less than hashing the key (the map
+/// keeps insertion order and hashes with SipHash); larger objects are looked up.
+pub fn field<'v>(value: &'v Value, key: &str) -> Option<&'v Value> {
+    /// Objects up to this many fields are searched in order.
+    const SCAN_MAX: usize = 8;
+    let map = value.as_object()?;
+    if map.len() <= SCAN_MAX {
+        map.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    } else {
+        map.get(key)
+    }
+}
+
 /// `(id, name, arguments)` of one `tool_calls` entry (or of a `function_call`).
 pub fn call_parts(call: &Value) -> (&str, &str, &str) {
-    let f = call.get("function").unwrap_or(call);
+    let f = field(call, "function").unwrap_or(call);
     fn s(v: Option<&Value>) -> &str {
         v.and_then(Value::as_str).unwrap_or("")
     }
-    (s(call.get("id")), s(f.get("name")), s(f.get("arguments")))
+    (s(field(call, "id")), s(field(f, "name")), s(field(f, "arguments")))
 }
 
 /// A chat-completions request: ordered top-level fields (raw JSON text) with the

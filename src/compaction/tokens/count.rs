@@ -16,7 +16,7 @@ use memchr::memmem::Finder;
 use serde_json::Value;
 
 use super::encoding::Encoding;
-use crate::model::{Message, call_parts};
+use crate::model::{Message, call_parts, field};
 
 /// Framing tokens of every message.
 pub const TOKENS_PER_MESSAGE: usize = 3;
@@ -95,8 +95,8 @@ pub fn image_tokens(detail: &str, size: Option<(u32, u32)>) -> usize {
 }
 
 fn part_tokens(count: &impl Fn(&str) -> usize, part: &Value) -> usize {
-    match part.get("type").and_then(Value::as_str) {
-        Some("text") => part.get("text").and_then(Value::as_str).map_or(0, count),
+    match field(part, "type").and_then(Value::as_str) {
+        Some("text") => field(part, "text").and_then(Value::as_str).map_or(0, count),
         Some("image_url") => {
             let detail =
                 part.pointer("/image_url/detail").and_then(Value::as_str).unwrap_or("auto");
@@ -118,22 +118,31 @@ fn content_tokens(count: &impl Fn(&str) -> usize, content: Option<&Value>) -> us
 
 /// Exact tokens of one message (without the reply priming).
 pub fn message_tokens(enc: Encoding, msg: &Message) -> usize {
-    message_tokens_by(&|text| enc.count(text), msg)
+    tokens_of(&|text| enc.count(text), &|role| enc.count_role(role), msg)
 }
 
 /// [`message_tokens`] with the message's texts counted by `count` (to compare another
 /// tokenizer under the same framing).
 pub fn message_tokens_by(count: &impl Fn(&str) -> usize, msg: &Message) -> usize {
+    tokens_of(count, count, msg)
+}
+
+/// The tokens of `msg`, its texts counted by `count` and its role by `count_role`.
+fn tokens_of(
+    count: &impl Fn(&str) -> usize,
+    count_role: &impl Fn(&str) -> usize,
+    msg: &Message,
+) -> usize {
     let v = msg.value();
     let mut n = TOKENS_PER_MESSAGE;
-    if let Some(role) = v.get("role").and_then(Value::as_str) {
-        n += count(role);
+    if let Some(role) = field(v, "role").and_then(Value::as_str) {
+        n += count_role(role);
     }
     n += content_tokens(count, msg.content());
     if let Some(name) = msg.name() {
         n += count(name) + TOKENS_PER_NAME;
     }
-    if let Some(refusal) = v.get("refusal").and_then(Value::as_str) {
+    if let Some(refusal) = field(v, "refusal").and_then(Value::as_str) {
         n += count(refusal);
     }
     let calls = msg.tool_calls().iter().chain(msg.function_call());

@@ -12,6 +12,8 @@
 //! `tests/compaction_tokens.rs` checks the counts against tiktoken-rs on every message
 //! of the recorded conversations.
 
+use std::sync::OnceLock;
+
 use bpe_openai::Tokenizer;
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +65,25 @@ impl Encoding {
         let mut total = 0;
         for_each_chunk(text, |chunk| total += tokenizer.count(chunk));
         total
+    }
+}
+
+/// The role names of chat messages, whose counts [`Encoding::count_role`] keeps.
+const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+
+impl Encoding {
+    /// Tokens of a message's role: [`Encoding::count`] of it, kept once per process for
+    /// the role names of chat messages, which every message names.
+    pub fn count_role(self, role: &str) -> usize {
+        static COUNTS: [OnceLock<[usize; ROLES.len()]>; 2] = [OnceLock::new(), OnceLock::new()];
+        let Some(at) = ROLES.iter().position(|r| *r == role) else {
+            return self.count(role);
+        };
+        let slot = match self {
+            Self::O200kBase => &COUNTS[0],
+            Self::Cl100kBase => &COUNTS[1],
+        };
+        slot.get_or_init(|| ROLES.map(|r| self.count(r)))[at]
     }
 }
 
@@ -125,6 +146,16 @@ mod tests {
             Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
         };
         bpe.encode_ordinary(text).len()
+    }
+
+    #[test]
+    fn a_role_counts_as_its_text() {
+        for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for role in ROLES.iter().copied().chain(["critic", "", "User"]) {
+                assert_eq!(enc.count_role(role), enc.count(role), "{role}");
+                assert_eq!(enc.count_role(role), exact(enc, role), "{role}");
+            }
+        }
     }
 
     #[test]
