@@ -5,6 +5,7 @@
 //! message foldgate does not change is written back byte for byte, and every field
 //! foldgate does not use survives unchanged and in order at every level.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -211,9 +212,9 @@ impl Message {
         field(self.value(), "content")
     }
 
-    /// All text of the content: the string, or the `text` of every text part joined by
-    /// newlines.
-    pub fn text(&self) -> String {
+    /// All text of the content: the string (borrowed), or the `text` of every text part
+    /// joined by newlines.
+    pub fn text(&self) -> Cow<'_, str> {
         content_text(self.content())
     }
 
@@ -294,11 +295,11 @@ pub fn is_user_words(msgs: &[Arc<Message>], i: usize) -> bool {
     msgs[i].role() == Role::User && !msgs[i].is_digest() && !is_observation(msgs, i)
 }
 
-/// The text of a `content` value: a string, or the text parts of an array joined by
-/// newlines.
-pub fn content_text(content: Option<&Value>) -> String {
+/// The text of a `content` value: a string (borrowed), or the text parts of an array
+/// joined by newlines.
+pub fn content_text(content: Option<&Value>) -> Cow<'_, str> {
     match content {
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => Cow::Borrowed(s),
         Some(Value::Array(parts)) => {
             let mut out = String::new();
             for p in parts {
@@ -309,9 +310,9 @@ pub fn content_text(content: Option<&Value>) -> String {
                     out.push_str(t);
                 }
             }
-            out
+            Cow::Owned(out)
         }
-        _ => String::new(),
+        _ => Cow::Borrowed(""),
     }
 }
 

@@ -389,7 +389,8 @@ async fn with_prefetch_the_request_crossing_the_trigger_waits_for_no_summary() {
         .iter()
         .find(|m| m.is_digest())
         .unwrap()
-        .text();
+        .text()
+        .into_owned();
     assert!(digest.contains("I read the modules"), "the prefetched model digest was used");
 }
 

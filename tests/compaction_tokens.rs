@@ -75,7 +75,7 @@ fn bounded_counts_match_tiktoken_on_trace_text() {
         for line in text.lines().step_by(6) {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             for m in v["messages"].as_array().unwrap() {
-                let t = Message::from_value(m.clone()).unwrap().text();
+                let t = Message::from_value(m.clone()).unwrap().text().into_owned();
                 let exact = tiktoken(enc).encode_ordinary(&t).len();
                 let ours = enc.count(&t);
                 messages += 1;

@@ -25,7 +25,7 @@ fn traces() -> PathBuf {
 
 /// The text of a chat `content` (a string or text parts).
 fn text_of(content: &Value) -> String {
-    content_text(Some(content))
+    content_text(Some(content)).into_owned()
 }
 
 /// A chat record as a Responses request body: messages as `message` items, calls as

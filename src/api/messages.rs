@@ -515,7 +515,9 @@ fn render_list(
 fn written(m: &Message) -> Option<(bool, Vec<Block<'static>>, bool)> {
     let text_block = |t: String| Block::New(json!({"type": "text", "text": t}));
     match m.role() {
-        Role::Assistant if m.is_digest() => Some((false, vec![text_block(m.text())], true)),
+        Role::Assistant if m.is_digest() => {
+            Some((false, vec![text_block(m.text().into_owned())], true))
+        }
         Role::Assistant => {
             let mut blocks = content_blocks(m.content());
             for call in m.tool_calls() {

@@ -534,7 +534,7 @@ fn write_output(
     let id = message.tool_call_id().unwrap_or_default();
     let output = match message.content() {
         Some(Value::String(s)) => s.clone(),
-        other => content_text(other),
+        other => content_text(other).into_owned(),
     };
     let answers = |k: &usize| {
         let m = &origins.messages[*k].message;
@@ -566,7 +566,7 @@ fn write_output(
 /// Chat content as the content of a Responses input message.
 fn input_content(content: Option<&Value>) -> Value {
     let Some(Value::Array(parts)) = content else {
-        return Value::String(content_text(content));
+        return Value::String(content_text(content).into_owned());
     };
     let parts = parts
         .iter()

@@ -85,7 +85,7 @@ fn strings_of(v: &Value, out: &mut Vec<String>) {
 
 /// The text an assistant message writes: its text and its calls' argument strings.
 fn agent_text(m: &Message) -> String {
-    let mut text = m.text();
+    let mut text = m.text().into_owned();
     for call in m.tool_calls().iter().chain(m.function_call()) {
         let (_, name, args) = call_parts(call);
         text.push('\n');

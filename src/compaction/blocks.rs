@@ -170,7 +170,9 @@ pub fn unfold_pinned(blocks: &mut Vec<FoldBlock>, pinned: &[bool]) -> usize {
         return 0;
     }
     let folds_pin = |b: &FoldBlock| {
-        (b.start..b.end.min(pinned.len())).any(|i| pinned[i] && !b.verbatim.contains(&i))
+        let mut verbatim = b.verbatim.clone();
+        verbatim.sort_unstable();
+        (b.start..b.end.min(pinned.len())).any(|i| pinned[i] && verbatim.binary_search(&i).is_err())
     };
     let keep = blocks.iter().position(folds_pin).unwrap_or(blocks.len());
     let dropped = blocks.len() - keep;

@@ -382,7 +382,7 @@ impl<'a> Pass<'a> {
         folded.items.iter_mut().filter(|i| in_region(i)).for_each(|i| i.dropped = true);
         let at = folded.items.iter().position(|i| i.pos >= end).unwrap_or(folded.items.len());
         let item = Item {
-            msgs: Vec::new(),
+            msgs: Arc::from([]),
             tokens: digest,
             kind: Kind::Digest,
             pos: start,

@@ -36,8 +36,8 @@ pub enum Kind {
 /// One item of the plan.
 #[derive(Debug, Clone)]
 pub struct Item {
-    /// The messages it forwards.
-    pub msgs: Vec<Arc<Message>>,
+    /// The messages it forwards (shared: a plan is cloned for every candidate priced).
+    pub msgs: Arc<[Arc<Message>]>,
     /// Their tokens.
     pub tokens: usize,
     /// What it is.
@@ -106,7 +106,7 @@ impl Plan {
                     (kind, 1, 0)
                 };
                 items.push(Item {
-                    msgs: vec![m],
+                    msgs: Arc::from([m]),
                     tokens: n,
                     kind,
                     pos,
@@ -130,7 +130,7 @@ impl Plan {
                 _ => Kind::Work,
             };
             items.push(Item {
-                msgs: msgs[u.start..u.end].to_vec(),
+                msgs: Arc::from(&msgs[u.start..u.end]),
                 tokens: tokens[u.start..u.end].iter().sum(),
                 kind,
                 pos: u.start,
@@ -238,10 +238,13 @@ impl Plan {
                     if new.len() != item.msgs.len() {
                         return Ok(None);
                     }
-                    item.elided =
-                        new.iter().zip(&item.msgs).filter(|(a, b)| a.hash() != b.hash()).count();
+                    item.elided = new
+                        .iter()
+                        .zip(item.msgs.iter())
+                        .filter(|(a, b)| a.hash() != b.hash())
+                        .count();
                     item.tokens = new.iter().map(|m| counter.message(m)).sum();
-                    item.msgs = new;
+                    item.msgs = new.into();
                 }
             }
         }
@@ -283,8 +286,8 @@ impl Plan {
     ) -> Result<Option<usize>, ModelError> {
         let item = &self.items[i];
         let caller = item.msgs.first().filter(|m| m.makes_calls()).cloned();
-        let mut changed = false;
-        let mut new_msgs = item.msgs.clone();
+        // Copied when the first message is stubbed.
+        let mut new_msgs: Option<Vec<Arc<Message>>> = None;
         for (k, m) in item.msgs.iter().enumerate() {
             // Inside a work item, a `user` message after the first is a text-mode tool
             // output (units pair it with its command).
@@ -297,18 +300,17 @@ impl Plan {
                 continue;
             }
             let name = tool_name(caller.as_deref(), m, k.saturating_sub(1));
-            new_msgs[k] = Arc::new(stub(m, &name, t)?);
-            changed = true;
+            let stubbed = Arc::new(stub(m, &name, t)?);
+            new_msgs.get_or_insert_with(|| item.msgs.to_vec())[k] = stubbed;
         }
-        if !changed {
-            return Ok(None);
-        }
-        let elided = new_msgs.iter().zip(&item.msgs).filter(|(a, b)| a.hash() != b.hash()).count();
+        let Some(new_msgs) = new_msgs else { return Ok(None) };
+        let elided =
+            new_msgs.iter().zip(item.msgs.iter()).filter(|(a, b)| a.hash() != b.hash()).count();
         let tokens: usize = new_msgs.iter().map(|m| counter.message(m)).sum();
         let item = &mut self.items[i];
         let saved = item.tokens.saturating_sub(tokens);
         item.elided += elided;
-        item.msgs = new_msgs;
+        item.msgs = new_msgs.into();
         item.tokens = tokens;
         Ok(Some(saved))
     }

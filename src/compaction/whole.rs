@@ -173,7 +173,13 @@ fn whole_fold(
         tokens_after: digest_tokens,
         text: Some(quote(&message.text())),
     }];
-    Ok(WholeFold { report, digest: message.text(), message, kept: block.verbatim, digest_tokens })
+    Ok(WholeFold {
+        report,
+        digest: message.text().into_owned(),
+        message,
+        kept: block.verbatim,
+        digest_tokens,
+    })
 }
 
 #[cfg(test)]

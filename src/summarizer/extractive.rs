@@ -7,8 +7,10 @@
 //! (`crate::compaction::trail`). Every section has a share of a character budget derived from
 //! the token cap, so the digest is bounded whatever the input.
 
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::sync::{Arc, LazyLock};
 
+use aho_corasick::AhoCorasick;
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -212,21 +214,33 @@ fn actions(msgs: &[Arc<Message>]) -> Vec<Action> {
     out
 }
 
-/// Adds lines to a section while its character share lasts.
-fn section(out: &mut String, title: &str, lines: &[String], budget: usize) {
-    if lines.is_empty() {
-        return;
-    }
+/// Adds lines to a section while its character share lasts; the lines after are never
+/// made (`lines` is drawn as they are needed). No line, no section.
+fn section<S: AsRef<str>>(
+    out: &mut String,
+    title: &str,
+    lines: impl IntoIterator<Item = S>,
+    budget: usize,
+) {
     let mut body = String::new();
     for l in lines {
-        let l =
-            if l.len() > budget { clip(l, budget.saturating_sub(4).max(40)) } else { l.clone() };
+        let l = l.as_ref();
+        let clipped;
+        let l = if l.len() > budget {
+            clipped = clip(l, budget.saturating_sub(4).max(40));
+            clipped.as_str()
+        } else {
+            l
+        };
         if body.len() + l.len() + 3 > budget && !body.is_empty() {
             break;
         }
         body.push_str("- ");
-        body.push_str(&l);
+        body.push_str(l);
         body.push('\n');
+    }
+    if body.is_empty() {
+        return;
     }
     out.push_str("## ");
     out.push_str(title);
@@ -239,10 +253,24 @@ fn keep_ends(items: Vec<String>, head: usize, tail: usize) -> Vec<String> {
     if items.len() <= head + tail {
         return items;
     }
+    keep_ends_of(&items, head, tail, String::clone)
+}
+
+/// The lines of the first `head` and the last `tail` of `items` (`line` of each), with
+/// how many were left out between them; the items left out are never made into lines.
+fn keep_ends_of<T>(
+    items: &[T],
+    head: usize,
+    tail: usize,
+    line: impl Fn(&T) -> String,
+) -> Vec<String> {
+    if items.len() <= head + tail {
+        return items.iter().map(line).collect();
+    }
     let omitted = items.len() - head - tail;
-    let mut out: Vec<String> = items[..head].to_vec();
+    let mut out: Vec<String> = items[..head].iter().map(&line).collect();
     out.push(format!("({omitted} more steps in between)"));
-    out.extend_from_slice(&items[items.len() - tail..]);
+    out.extend(items[items.len() - tail..].iter().map(&line));
     out
 }
 
@@ -256,81 +284,84 @@ pub fn digest(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     let facts = user_constraints(&user_words);
     let acts = actions(msgs);
     let milestones = milestone_lines(&acts);
-    let abandoned: Vec<String> = acts
-        .iter()
-        .filter(|a| a.failed)
-        .map(|a| format!("{} failed: {}", a.what, a.result))
-        .collect();
-    let assistant_texts: Vec<String> = work
+    let abandoned =
+        acts.iter().filter(|a| a.failed).map(|a| format!("{} failed: {}", a.what, a.result));
+    let assistant_texts: Vec<Cow<'_, str>> = work
         .iter()
         .filter(|m| m.role() == Role::Assistant)
         .map(|m| m.text())
         .filter(|t| !t.trim().is_empty())
         .collect();
     let decisions = decision_sentences(&assistant_texts);
-    let findings: Vec<String> =
-        assistant_texts.iter().map(|t| format!("I said: {}", clip(first_line(t), 200))).collect();
-    let findings = keep_ends(findings, 2, 8);
+    let findings =
+        keep_ends_of(&assistant_texts, 2, 8, |t| format!("I said: {}", clip(first_line(t), 200)));
     let state = current_state(msgs.len(), &acts, user_words.len());
     let open = open_questions(&assistant_texts);
 
     let mut out = String::new();
-    section(&mut out, Section::StandingFacts.title(), &facts, share(14));
+    section(&mut out, Section::StandingFacts.title(), facts, share(14));
     section(&mut out, Section::Milestones.title(), &milestones, share(8));
-    section(&mut out, Section::KeyDecisions.title(), &decisions, share(8));
+    section(&mut out, Section::KeyDecisions.title(), decisions, share(8));
     section(&mut out, Section::Findings.title(), &findings, share(10));
-    section(&mut out, Section::Attempted.title(), &abandoned, share(8));
+    section(&mut out, Section::Attempted.title(), abandoned, share(8));
     section(&mut out, Section::CurrentState.title(), &state, share(5));
     section(&mut out, Section::OpenItems.title(), &open, share(5));
     out.trim_end().to_owned()
 }
 
-/// The sentences of the user's own messages (not pastes) that state a constraint, quoted.
-fn user_constraints(user_words: &[&Arc<Message>]) -> Vec<String> {
-    let mut facts = Vec::new();
-    for m in user_words {
+/// The sentences of the user's own messages (not pastes) that state a constraint, quoted;
+/// made as they are drawn.
+fn user_constraints<'a>(user_words: &'a [&Arc<Message>]) -> impl Iterator<Item = String> + 'a {
+    user_words.iter().flat_map(|m| {
         let text = m.text();
-        if text.len() > USER_STATEMENT_MAX_CHARS {
-            continue;
-        }
-        for s in sentences(&text) {
-            let lower = s.to_lowercase();
-            if CONSTRAINT_CUES.iter().any(|c| lower.contains(c)) {
-                facts.push(format!("The user: \"{}\"", clip(s, 200)));
+        let mut facts = Vec::new();
+        if text.len() <= USER_STATEMENT_MAX_CHARS {
+            for s in sentences(&text) {
+                if states_constraint(s) {
+                    facts.push(format!("The user: \"{}\"", clip(s, 200)));
+                }
             }
         }
+        facts
+    })
+}
+
+/// True when `sentence`, lowercased, holds one of [`CONSTRAINT_CUES`].
+fn states_constraint(sentence: &str) -> bool {
+    static CUES: LazyLock<AhoCorasick> = LazyLock::new(|| {
+        AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(CONSTRAINT_CUES)
+            .unwrap_or_else(|e| unreachable!("the cues are plain words: {e}"))
+    });
+    if sentence.is_ascii() {
+        // Lowercasing ASCII text is ASCII case folding, and the cues are lowercase ASCII.
+        CUES.is_match(sentence)
+    } else {
+        let lower = sentence.to_lowercase();
+        CONSTRAINT_CUES.iter().any(|c| lower.contains(c))
     }
-    facts
 }
 
 /// Every action with what came back, the first two and the last eight.
 fn milestone_lines(acts: &[Action]) -> Vec<String> {
-    keep_ends(
-        acts.iter()
-            .map(|a| {
-                if a.result.is_empty() {
-                    a.what.clone()
-                } else {
-                    format!("{} → {}", a.what, a.result)
-                }
-            })
-            .collect(),
-        2,
-        8,
-    )
+    keep_ends_of(acts, 2, 8, |a| {
+        if a.result.is_empty() { a.what.clone() } else { format!("{} → {}", a.what, a.result) }
+    })
 }
 
-/// The sentences of the assistant's texts that give a reason or a choice.
-fn decision_sentences(assistant_texts: &[String]) -> Vec<String> {
+/// The sentences of the assistant's texts that give a reason or a choice, made as they
+/// are drawn.
+fn decision_sentences<'a>(
+    assistant_texts: &'a [Cow<'_, str>],
+) -> impl Iterator<Item = String> + 'a {
+    static CUES: LazyLock<AhoCorasick> = LazyLock::new(|| {
+        AhoCorasick::new(DECISION_CUES)
+            .unwrap_or_else(|e| unreachable!("the cues are plain words: {e}"))
+    });
     assistant_texts
         .iter()
-        .flat_map(|t| {
-            sentences(t)
-                .filter(|s| DECISION_CUES.iter().any(|c| s.contains(c)))
-                .map(|s| clip(s, 200))
-                .collect::<Vec<_>>()
-        })
-        .collect()
+        .flat_map(|t| sentences(t).filter(|s| CUES.is_match(*s)).map(|s| clip(s, 200)))
 }
 
 /// What the fold covers (`messages` messages, `users` of them the user's words) and the
@@ -347,7 +378,7 @@ fn current_state(messages: usize, acts: &[Action], users: usize) -> Vec<String> 
 }
 
 /// The questions (up to three) of the assistant's last text.
-fn open_questions(assistant_texts: &[String]) -> Vec<String> {
+fn open_questions(assistant_texts: &[Cow<'_, str>]) -> Vec<String> {
     assistant_texts
         .last()
         .map(|t| {
@@ -367,13 +398,14 @@ fn open_questions(assistant_texts: &[String]) -> Vec<String> {
 pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
     let budget = max_tokens.max(64) * 3;
     let share = |pct: usize| budget * pct / 100;
-    let users: Vec<String> = (0..msgs.len())
-        .filter(|&i| is_user_words(msgs, i))
-        .map(|i| msgs[i].text())
-        .filter(|t| t.len() <= USER_STATEMENT_MAX_CHARS)
-        .map(|t| format!("The user: \"{}\"", clip(&t, 300)))
-        .collect();
-    let goal: Vec<String> = users.first().cloned().into_iter().collect();
+    let users = || {
+        (0..msgs.len())
+            .filter(|&i| is_user_words(msgs, i))
+            .map(|i| msgs[i].text())
+            .filter(|t| t.len() <= USER_STATEMENT_MAX_CHARS)
+            .map(|t| format!("The user: \"{}\"", clip(&t, 300)))
+    };
+    let goal = users().next();
     // What earlier digests recorded, by the section it was under.
     let (mut achieved, mut dead_ends, mut lasting) = (Vec::new(), Vec::new(), Vec::new());
     for m in msgs.iter().filter(|m| m.is_digest()) {
@@ -397,20 +429,17 @@ pub fn goal_history(msgs: &[Arc<Message>], max_tokens: usize) -> String {
         }
     }
     let acts = actions(msgs);
-    achieved.extend(keep_ends(
-        acts.iter().filter(|a| !a.failed).map(|a| format!("{} → {}", a.what, a.result)).collect(),
-        2,
-        8,
-    ));
+    let done: Vec<&Action> = acts.iter().filter(|a| !a.failed).collect();
+    achieved.extend(keep_ends_of(&done, 2, 8, |a| format!("{} → {}", a.what, a.result)));
     dead_ends.extend(
         acts.iter().filter(|a| a.failed).map(|a| format!("{} failed: {}", a.what, a.result)),
     );
 
     let mut out = String::new();
-    section(&mut out, Section::GoalArc.title(), &goal, share(10));
-    section(&mut out, Section::HumanDirection.title(), &users, share(30));
-    section(&mut out, Section::Achieved.title(), &keep_ends(achieved, 4, 12), share(22));
-    section(&mut out, Section::DeadEnds.title(), &keep_ends(dead_ends, 2, 6), share(10));
+    section(&mut out, Section::GoalArc.title(), goal, share(10));
+    section(&mut out, Section::HumanDirection.title(), users(), share(30));
+    section(&mut out, Section::Achieved.title(), keep_ends(achieved, 4, 12), share(22));
+    section(&mut out, Section::DeadEnds.title(), keep_ends(dead_ends, 2, 6), share(10));
     section(&mut out, Section::LastingConstraints.title(), &lasting, share(10));
     out.trim_end().to_owned()
 }

@@ -15,6 +15,8 @@
 use std::sync::OnceLock;
 
 use bpe_openai::Tokenizer;
+
+use super::pretokenize::Pretokenizer;
 use serde::{Deserialize, Serialize};
 
 /// Longest run of bytes without a safe split point that is tokenized in one piece.
@@ -61,9 +63,12 @@ impl Encoding {
     /// Tokens in `text` (special-token strings count as ordinary text), counted chunk by
     /// chunk (see the module docs): the counts tiktoken gives the same chunks.
     pub fn count(self, text: &str) -> usize {
-        let tokenizer = self.tokenizer();
+        let bpe = &self.tokenizer().bpe;
+        let pretokenizer = Pretokenizer::of(self);
         let mut total = 0;
-        for_each_chunk(text, |chunk| total += tokenizer.count(chunk));
+        for_each_chunk(text, |chunk| {
+            pretokenizer.for_each_piece(self, chunk, |piece| total += bpe.count(piece.as_bytes()));
+        });
         total
     }
 }
@@ -91,6 +96,7 @@ impl Encoding {
 /// first request to count does not wait for it.
 pub fn load_default() {
     Encoding::O200kBase.tokenizer();
+    Pretokenizer::of(Encoding::O200kBase);
 }
 
 /// True where the tokenizer's pre-split always starts a new piece at byte `i`: at a

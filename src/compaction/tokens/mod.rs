@@ -6,6 +6,7 @@ pub mod count;
 pub mod encoding;
 pub mod models;
 pub mod parallel;
+pub mod pretokenize;
 
 pub use cache::TokenCache;
 pub use count::{

@@ -759,7 +759,8 @@ pub(super) fn strings_of(v: &Value, out: &mut String) {
 /// The words of `text` that name files (see [`names_file`]), in order, each once; not a
 /// closing tag (`</code>`) nor a URL.
 pub(super) fn file_words(text: &str) -> Vec<&str> {
-    let path_char = |c: char| c.is_ascii_alphanumeric() || "_./-~+@".contains(c);
+    let path_char =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-' | '~' | '+' | '@');
     let mut out: Vec<&str> = Vec::new();
     let mut start: Option<usize> = None;
     fn take<'t>(text: &'t str, from: usize, to: usize, out: &mut Vec<&'t str>) {

@@ -191,7 +191,7 @@ impl Trail {
     /// Adds the files an assistant message names in its own words (text and call
     /// arguments) and that no entry holds yet, as [`State::Named`].
     fn note_paths(&mut self, m: &Message, index: &mut HashMap<(Kind, String), usize>) {
-        let mut text = m.text();
+        let mut text = m.text().into_owned();
         for call in m.tool_calls().iter().chain(m.function_call()) {
             let (_, _, args) = call_parts(call);
             match serde_json::from_str::<Value>(args) {

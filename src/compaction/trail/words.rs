@@ -10,16 +10,24 @@ const FILE_EXTS: &[&str] = &[
     "css", "sql", "lock", "xml", "rst", "ipynb", "csv", "log", "patch", "diff",
 ];
 
+/// Characters of shell syntax (globs, expansions, redirections, quotes) that no path word
+/// holds.
+const SHELL_SYNTAX: &[u8] = b"*?[]{}$`=<>|;&(),\"'";
+
 /// True for a shell word that names a file or directory: a path with a `/`, or a file
 /// name with an extension; no option, URL, glob, expansion or assignment.
 pub(super) fn is_path_word(w: &str) -> bool {
-    if w.len() < 2
-        || w.len() > MAX_SUBJECT
-        || w.starts_with('-')
+    // Only a `/` or an extension's `.` makes a path: most words of prose end here.
+    if w.len() < 2 || w.len() > MAX_SUBJECT || !w.bytes().any(|b| b == b'/' || b == b'.') {
+        return false;
+    }
+    if w.starts_with('-')
         || w.contains("://")
         || w == "/dev/null"
         || !w.chars().any(|c| c.is_ascii_alphabetic())
-        || w.chars().any(|c| c.is_whitespace() || "*?[]{}$`=<>|;&(),\"'".contains(c))
+        || w.chars().any(|c| {
+            c.is_whitespace() || (c.is_ascii_punctuation() && SHELL_SYNTAX.contains(&(c as u8)))
+        })
     {
         return false;
     }

@@ -88,7 +88,7 @@ pub fn answer_text(api: SummaryApi, answer: &[u8]) -> Result<String, SummarizerE
             let content = value
                 .pointer("/choices/0/message/content")
                 .ok_or_else(|| missing("choices[0].message.content"))?;
-            Ok(content_text(Some(content)))
+            Ok(content_text(Some(content)).into_owned())
         }
         SummaryApi::Responses => {
             let output = value.get("output").and_then(Value::as_array).ok_or(missing("output"))?;
