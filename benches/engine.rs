@@ -24,6 +24,9 @@ static ALLOCATOR: foldgate::allocator::Allocator = foldgate::allocator::Allocato
 #[path = "support/traces.rs"]
 mod traces;
 use traces::conversation;
+#[path = "support/short_messages.rs"]
+mod short;
+use short::short_messages;
 
 fn body(msgs: &[Value]) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": "gpt-4o", "messages": msgs, "temperature": 0})).unwrap()
@@ -205,17 +208,6 @@ fn counting_benches(c: &mut Criterion) {
     });
     g.bench_function("bpe_openai", |b| b.iter(|| bpe_openai::o200k_base().count(text.as_str())));
     g.finish();
-}
-
-/// A request of `n` short messages (a system prompt, then user and assistant alternating,
-/// about 55 bytes each), as a client that never trims its history sends it.
-fn short_messages(n: usize) -> Vec<u8> {
-    let mut msgs = vec![json!({"role": "system", "content": "You are helpful."})];
-    for i in 1..n {
-        let role = if i % 2 == 1 { "user" } else { "assistant" };
-        msgs.push(json!({"role": role, "content": format!("short message number {i} ok")}));
-    }
-    body(&msgs)
 }
 
 /// Parse and compact one request of 10,000 and of 100,000 short messages at a

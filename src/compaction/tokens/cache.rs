@@ -6,6 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use super::encoding::Encoding;
 
+/// The maps of counts: keys are hashes of message text, hashed again with foldhash
+/// (seeded per process, so that a client cannot choose where its messages land; a few
+/// instructions a key, where the standard library's SipHash takes tens).
+type Counts = HashMap<u64, u32, foldhash::fast::RandomState>;
+
 /// Token counts of messages, keyed by the hash of a message's JSON text and the encoding.
 ///
 /// Bounded by two generations: when the current map is full it becomes the previous one
@@ -15,8 +20,8 @@ use super::encoding::Encoding;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TokenCache {
     capacity: usize,
-    current: HashMap<u64, u32>,
-    previous: HashMap<u64, u32>,
+    current: Counts,
+    previous: Counts,
     #[serde(skip)]
     hits: u64,
     #[serde(skip)]
@@ -37,8 +42,8 @@ impl TokenCache {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
-            current: HashMap::new(),
-            previous: HashMap::new(),
+            current: Counts::default(),
+            previous: Counts::default(),
             hits: 0,
             misses: 0,
         }
@@ -55,7 +60,10 @@ impl TokenCache {
     /// [`MAX_CAPACITY`]), so that a request of that many messages, counted once, stays
     /// counted while it is planned.
     pub fn hold(&mut self, entries: usize) {
-        self.capacity = self.capacity.max(entries.min(MAX_CAPACITY));
+        let entries = entries.min(MAX_CAPACITY);
+        self.capacity = self.capacity.max(entries);
+        // Room made at once, not by doubling as they come.
+        self.current.reserve(entries.saturating_sub(self.current.len()));
     }
 
     /// The cached count, or `compute()` stored under the key.
