@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use bpe_openai::Tokenizer;
 
-use super::pretokenize::Pretokenizer;
+use super::pretokenize::{self, Pretokenizer};
 use serde::{Deserialize, Serialize};
 
 /// Longest run of bytes without a safe split point that is tokenized in one piece.
@@ -60,14 +60,22 @@ impl Encoding {
         }
     }
 
+    /// The encoding's pre-tokenization, built once per process.
+    pub fn pretokenizer(self) -> &'static Pretokenizer {
+        match self {
+            Self::O200kBase => &pretokenize::O200K_BASE,
+            Self::Cl100kBase => &pretokenize::CL100K_BASE,
+        }
+    }
+
     /// Tokens in `text` (special-token strings count as ordinary text), counted chunk by
     /// chunk (see the module docs): the counts tiktoken gives the same chunks.
     pub fn count(self, text: &str) -> usize {
         let bpe = &self.tokenizer().bpe;
-        let pretokenizer = Pretokenizer::of(self);
+        let pretokenizer = self.pretokenizer();
         let mut total = 0;
         for_each_chunk(text, |chunk| {
-            pretokenizer.for_each_piece(self, chunk, |piece| total += bpe.count(piece.as_bytes()));
+            pretokenizer.for_each_piece(chunk, |piece| total += bpe.count(piece.as_bytes()));
         });
         total
     }
@@ -96,7 +104,7 @@ impl Encoding {
 /// first request to count does not wait for it.
 pub fn load_default() {
     Encoding::O200kBase.tokenizer();
-    Pretokenizer::of(Encoding::O200kBase);
+    Encoding::O200kBase.pretokenizer();
 }
 
 /// True where the tokenizer's pre-split always starts a new piece at byte `i`: at a
@@ -197,5 +205,49 @@ mod tests {
         let bounded = Encoding::O200kBase.count(&text);
         let diff = exact.abs_diff(bounded);
         assert!(diff <= text.len() / MAX_RUN + 1, "exact {exact} bounded {bounded}");
+    }
+
+    /// The pieces are bpe-openai's: `Pretokenizer` holds its patterns.
+    mod pieces {
+        use super::*;
+
+        fn ours(enc: Encoding, text: &str) -> Vec<String> {
+            let mut out = Vec::new();
+            enc.pretokenizer().for_each_piece(text, |p| out.push(p.to_owned()));
+            out
+        }
+
+        fn theirs(enc: Encoding, text: &str) -> Vec<String> {
+            enc.tokenizer().split(text).map(str::to_owned).collect()
+        }
+
+        #[test]
+        fn pieces_are_bpe_openais() {
+            let texts = [
+                "",
+                " ",
+                "Hello, world! It's 2026.\n\n  indented\tline\r\n",
+                "don't STOP'S we'll 12345 3.14159 a/b/c\n/usr/bin",
+                "    trailing spaces   ",
+                "\n\n\n",
+                "日本語のテキストと English mixed, ÉCOLE été 👍🏽 x̃",
+                "fn main() {\n    println!(\"{}\", 42);\n}\n",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            ];
+            for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+                for text in texts {
+                    assert_eq!(ours(enc, text), theirs(enc, text), "{enc:?} {text:?}");
+                }
+            }
+        }
+
+        proptest::proptest! {
+            #[test]
+            fn pieces_are_bpe_openais_for_any_text(text in "\\PC*|[ \\t\\r\\n a-zA-Z0-9'/.,]*") {
+                for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+                    proptest::prop_assert_eq!(ours(enc, &text), theirs(enc, &text));
+                }
+            }
+        }
     }
 }

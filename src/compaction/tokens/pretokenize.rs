@@ -12,34 +12,39 @@ use std::sync::LazyLock;
 use regex_automata::meta::{Cache, Regex};
 use regex_automata::{Anchored, Input};
 
-use super::encoding::Encoding;
-
 /// The pre-tokenization regex of one encoding: its patterns, and which of them ends with
 /// a look-ahead character that is not part of the piece.
 pub struct Pretokenizer {
     regex: Regex,
     lookahead: [bool; 3],
+    /// Which of this thread's search states is this regex's.
+    slot: usize,
 }
 
 /// Builds a pretokenizer from its patterns; they are constants, known to compile.
-fn build(patterns: [(&str, bool); 3]) -> Pretokenizer {
+fn build(slot: usize, patterns: [(&str, bool); 3]) -> Pretokenizer {
     let regex = Regex::new_many(&patterns.map(|(p, _)| p))
         .unwrap_or_else(|e| unreachable!("the pre-tokenization patterns compile: {e}"));
-    Pretokenizer { regex, lookahead: patterns.map(|(_, l)| l) }
+    Pretokenizer { regex, lookahead: patterns.map(|(_, l)| l), slot }
 }
 
-static CL100K_BASE: LazyLock<Pretokenizer> = LazyLock::new(|| {
-    build([
-        (
-            "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+$",
-            false,
-        ),
-        ("\\s+\\s", true),
-        ("\\s+", false),
-    ])
+/// cl100k_base's pre-tokenization (GPT-4, GPT-3.5).
+pub static CL100K_BASE: LazyLock<Pretokenizer> = LazyLock::new(|| {
+    build(
+        1,
+        [
+            (
+                "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+$",
+                false,
+            ),
+            ("\\s+\\s", true),
+            ("\\s+", false),
+        ],
+    )
 });
 
-static O200K_BASE: LazyLock<Pretokenizer> = LazyLock::new(|| {
+/// o200k_base's pre-tokenization (GPT-4o and later).
+pub static O200K_BASE: LazyLock<Pretokenizer> = LazyLock::new(|| {
     let words = [
         "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
         "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -49,34 +54,22 @@ static O200K_BASE: LazyLock<Pretokenizer> = LazyLock::new(|| {
         "\\s+$",
     ]
     .join("|");
-    build([(&words, false), ("\\s+\\s", true), ("\\s+", false)])
+    build(0, [(&words, false), ("\\s+\\s", true), ("\\s+", false)])
 });
 
 thread_local! {
-    /// This thread's search state, one per encoding, made on first use.
+    /// This thread's search state, one per pretokenizer, made on first use.
     static CACHES: RefCell<[Option<Cache>; 2]> = const { RefCell::new([None, None]) };
 }
 
 impl Pretokenizer {
-    /// The pretokenizer of `encoding`, built once per process.
-    pub fn of(encoding: Encoding) -> &'static Self {
-        match encoding {
-            Encoding::O200kBase => &O200K_BASE,
-            Encoding::Cl100kBase => &CL100K_BASE,
-        }
-    }
-
     /// Calls `f` on each piece of `text` in order, on this thread's search state. Text
     /// no pattern matches ends the pieces, as it does in bpe-openai (every character
     /// matches one of these patterns).
-    pub fn for_each_piece(&self, encoding: Encoding, text: &str, mut f: impl FnMut(&str)) {
-        let slot = match encoding {
-            Encoding::O200kBase => 0,
-            Encoding::Cl100kBase => 1,
-        };
+    pub fn for_each_piece(&self, text: &str, mut f: impl FnMut(&str)) {
         CACHES.with(|caches| match caches.try_borrow_mut() {
             Ok(mut caches) => {
-                let cache = caches[slot].get_or_insert_with(|| self.regex.create_cache());
+                let cache = caches[self.slot].get_or_insert_with(|| self.regex.create_cache());
                 self.pieces(cache, text, &mut f);
             }
             // Only a call from inside `f` finds the state taken: it gets a state of its own.
@@ -100,50 +93,6 @@ impl Pretokenizer {
             }
             f(&text[last..end]);
             last = end;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ours(enc: Encoding, text: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        Pretokenizer::of(enc).for_each_piece(enc, text, |p| out.push(p.to_owned()));
-        out
-    }
-
-    fn theirs(enc: Encoding, text: &str) -> Vec<String> {
-        enc.tokenizer().split(text).map(str::to_owned).collect()
-    }
-
-    #[test]
-    fn pieces_are_bpe_openais() {
-        let texts = [
-            "",
-            " ",
-            "Hello, world! It's 2026.\n\n  indented\tline\r\n",
-            "don't STOP'S we'll 12345 3.14159 a/b/c\n/usr/bin",
-            "    trailing spaces   ",
-            "\n\n\n",
-            "日本語のテキストと English mixed, ÉCOLE été 👍🏽 x̃",
-            "fn main() {\n    println!(\"{}\", 42);\n}\n",
-            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-        ];
-        for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
-            for text in texts {
-                assert_eq!(ours(enc, text), theirs(enc, text), "{enc:?} {text:?}");
-            }
-        }
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn pieces_are_bpe_openais_for_any_text(text in "\\PC*|[ \\t\\r\\n a-zA-Z0-9'/.,]*") {
-            for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
-                proptest::prop_assert_eq!(ours(enc, &text), theirs(enc, &text));
-            }
         }
     }
 }
