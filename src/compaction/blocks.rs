@@ -57,6 +57,14 @@ impl PartialEq for FoldBlock {
 }
 
 impl FoldBlock {
+    /// The original indices of its range that it folds (those not kept verbatim), in
+    /// order; the verbatim list is searched sorted, not once per index.
+    pub fn folded_indices(&self, end: usize) -> impl Iterator<Item = usize> + '_ {
+        let mut verbatim = self.verbatim.clone();
+        verbatim.sort_unstable();
+        (self.start..end.min(self.end)).filter(move |i| verbatim.binary_search(i).is_err())
+    }
+
     /// The emitted messages, parsed.
     pub fn emitted(&self) -> Result<Vec<Arc<Message>>, ModelError> {
         self.messages.iter().map(|raw| Message::from_raw(raw.clone()).map(Arc::new)).collect()
@@ -169,11 +177,7 @@ pub fn unfold_pinned(blocks: &mut Vec<FoldBlock>, pinned: &[bool]) -> usize {
     if pinned.is_empty() {
         return 0;
     }
-    let folds_pin = |b: &FoldBlock| {
-        let mut verbatim = b.verbatim.clone();
-        verbatim.sort_unstable();
-        (b.start..b.end.min(pinned.len())).any(|i| pinned[i] && verbatim.binary_search(&i).is_err())
-    };
+    let folds_pin = |b: &FoldBlock| b.folded_indices(pinned.len()).any(|i| pinned[i]);
     let keep = blocks.iter().position(folds_pin).unwrap_or(blocks.len());
     let dropped = blocks.len() - keep;
     blocks.truncate(keep);

@@ -103,12 +103,8 @@ fn dropped(start: usize, end: usize, tokens_before: usize) -> Change {
 /// A fold block's digest item: the block's range folded, or, when the fallback dropped
 /// the digest, its messages gone.
 fn digest_change(item: &Item, block: &FoldBlock, tokens: &[usize], dropped: bool) -> Change {
-    let mut verbatim = block.verbatim.clone();
-    verbatim.sort_unstable();
-    let folded: usize = (block.start..block.end)
-        .filter(|i| verbatim.binary_search(i).is_err())
-        .map(|i| tokens.get(i).copied().unwrap_or(0))
-        .sum();
+    let folded: usize =
+        block.folded_indices(block.end).map(|i| tokens.get(i).copied().unwrap_or(0)).sum();
     let tier = if block.goal_batch { Tier::GoalBatch } else { Tier::Fold };
     let text = item.msgs.first().map(|m| quote(&m.text()));
     let (kind, tier, tokens_after) = match dropped {
