@@ -67,6 +67,19 @@ impl Role {
         }
     }
 
+    /// The role's name (`""` for [`Role::Other`], which stands for any other name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::Developer => "developer",
+            Self::User => "user",
+            Self::Assistant => "assistant",
+            Self::Tool => "tool",
+            Self::Function => "function",
+            Self::Other => "",
+        }
+    }
+
     /// System and developer messages are pinned: kept verbatim in place.
     pub fn is_pinned(self) -> bool {
         matches!(self, Self::System | Self::Developer)
@@ -92,20 +105,93 @@ struct Kind {
 }
 
 /// One chat message: the exact JSON text it came from, a hash of that text (the key of
-/// the token cache and of fold block ranges), and its parsed value.
+/// the token cache and of fold block ranges), and what was read from it.
 ///
-/// The value is parsed on first use: a request below the compaction trigger is hashed
-/// and measured from its text alone, and most of its messages are never parsed.
+/// The text is read on first use: a request below the compaction trigger is hashed
+/// and measured from its text alone, and most of its messages are never read.
 #[derive(Debug, Clone)]
 pub struct Message {
-    /// The parsed message, and whether it read whole (see [`Message::is_readable`]).
-    value: OnceLock<(Value, bool)>,
+    /// The message as read (see [`Read`]).
+    read: OnceLock<Read>,
     raw: Box<RawValue>,
     hash: u64,
     /// Whether the text reads as a command's output (see [`is_observation`]).
     output_like: OnceLock<bool>,
     /// What the planner asks of every message, many times over, read once.
     kind: OnceLock<Kind>,
+}
+
+/// What was read from a message's text.
+#[derive(Debug, Clone)]
+enum Read {
+    /// A message of known role whose fields are all ones the engine reads (the
+    /// commonest shape by far): those fields, without the message's JSON object, which
+    /// takes about twice the memory and time to build. The object is parsed only when
+    /// asked for ([`Message::value`]).
+    Fields { fields: Box<Fields>, value: OnceLock<Box<Value>> },
+    /// Any other message: its value, and whether it read whole
+    /// ([`Message::is_readable`]).
+    Value(Value, bool),
+}
+
+/// The fields of a [`Read::Fields`] message. A field absent is `None`; a field sent as
+/// `null` is `Some(Value::Null)`, as in the message's object.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fields {
+    #[serde(deserialize_with = "known_role")]
+    role: Role,
+    #[serde(default, deserialize_with = "present")]
+    content: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    name: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    tool_calls: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    tool_call_id: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    function_call: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    refusal: Option<Value>,
+}
+
+/// A role string other than [`Role::Other`] (a message of another role is read whole).
+fn known_role<'de, D: Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+    match Role::parse(&Cow::<'de, str>::deserialize(d)?) {
+        Role::Other => Err(de::Error::custom("not a known role")),
+        known => Ok(known),
+    }
+}
+
+/// A field's value, `null` included.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+/// Reads a message's text: its fields when they are all known ones (serde rejects an
+/// unknown or repeated field, a role of no known name, and text that is no Unicode),
+/// else its whole value.
+fn read(raw: &str) -> Read {
+    match serde_json::from_str::<Fields>(raw) {
+        Ok(fields) => Read::Fields { fields: Box::new(fields), value: OnceLock::new() },
+        Err(_) => {
+            let (value, readable) = parse_value(raw);
+            Read::Value(value, readable)
+        }
+    }
+}
+
+/// A message's value, and whether it read whole. Text that a `RawValue` held parses,
+/// but for two cases: an escaped lone UTF-16 surrogate (`"\udce1"`, valid JSON that is
+/// no Unicode text) is read as U+FFFD, and a message that cannot be read at all reads
+/// as an empty object.
+fn parse_value(raw: &str) -> (Value, bool) {
+    serde_json::from_str(raw)
+        .or_else(|e| match lone_surrogates_replaced(raw) {
+            Some(text) => serde_json::from_str(&text),
+            None => Err(e),
+        })
+        .map_or_else(|_| (Value::Object(Map::new()), false), |value| (value, true))
 }
 
 impl Message {
@@ -117,7 +203,7 @@ impl Message {
         }
         let hash = xxh3_64(raw.get().as_bytes());
         Ok(Self {
-            value: OnceLock::new(),
+            read: OnceLock::new(),
             raw,
             hash,
             output_like: OnceLock::new(),
@@ -130,36 +216,57 @@ impl Message {
         let text = serde_json::to_string(&value).map_err(ModelError::Serialize)?;
         let raw = RawValue::from_string(text).map_err(ModelError::Serialize)?;
         let hash = xxh3_64(raw.get().as_bytes());
-        let value = OnceLock::from((value, true));
-        Ok(Self { value, raw, hash, output_like: OnceLock::new(), kind: OnceLock::new() })
+        let read = OnceLock::from(Read::Value(value, true));
+        Ok(Self { read, raw, hash, output_like: OnceLock::new(), kind: OnceLock::new() })
     }
 
-    /// The parsed message (parsed now if it was not yet). Text that a `RawValue` held
-    /// parses, but for two cases: an escaped lone UTF-16 surrogate (`"\udce1"`, valid
-    /// JSON that is no Unicode text) is read as U+FFFD, and a message that cannot be read
-    /// at all reads as an empty object (see [`Message::is_readable`]). The raw text,
-    /// forwarded, is never changed.
+    fn read(&self) -> &Read {
+        self.read.get_or_init(|| read(self.raw.get()))
+    }
+
+    /// The parsed message (parsed now if it was not yet), as [`parse_value`] reads it:
+    /// an escaped lone surrogate reads as U+FFFD, and a message that cannot be read at
+    /// all as an empty object (see [`Message::is_readable`]). The raw text, forwarded,
+    /// is never changed.
     pub fn value(&self) -> &Value {
-        &self.parsed().0
+        match self.read() {
+            Read::Fields { value, .. } => value.get_or_init(|| Box::new(parse_value(self.raw()).0)),
+            Read::Value(value, _) => value,
+        }
     }
 
     /// False for valid JSON that foldgate cannot read: nesting deeper than serde_json's
     /// limit, or a number too large for a float. The engine leaves a request holding
     /// such a message as it is.
     pub fn is_readable(&self) -> bool {
-        self.parsed().1
+        match self.read() {
+            Read::Fields { .. } => true,
+            Read::Value(_, readable) => *readable,
+        }
     }
 
-    fn parsed(&self) -> &(Value, bool) {
-        self.value.get_or_init(|| {
-            let raw = self.raw.get();
-            serde_json::from_str(raw)
-                .or_else(|e| match lone_surrogates_replaced(raw) {
-                    Some(text) => serde_json::from_str(&text),
-                    None => Err(e),
-                })
-                .map_or_else(|_| (Value::Object(Map::new()), false), |value| (value, true))
-        })
+    /// Field `key` as the message's object has it (one of those [`Fields`] holds).
+    fn known_field(&self, key: &str) -> Option<&Value> {
+        let Read::Fields { fields, .. } = self.read() else {
+            return field(self.value(), key);
+        };
+        match key {
+            "content" => fields.content.as_ref(),
+            "name" => fields.name.as_ref(),
+            "tool_calls" => fields.tool_calls.as_ref(),
+            "tool_call_id" => fields.tool_call_id.as_ref(),
+            "function_call" => fields.function_call.as_ref(),
+            "refusal" => fields.refusal.as_ref(),
+            _ => field(self.value(), key),
+        }
+    }
+
+    /// The `role` string, if the message has one.
+    pub fn role_text(&self) -> Option<&str> {
+        match self.read() {
+            Read::Fields { fields, .. } => Some(fields.role.as_str()),
+            Read::Value(value, _) => field(value, "role").and_then(Value::as_str),
+        }
     }
 
     /// The JSON text of the message as received (or as serialized, if built here).
@@ -184,8 +291,7 @@ impl Message {
 
     fn kind(&self) -> Kind {
         *self.kind.get_or_init(|| {
-            let role =
-                Role::parse(field(self.value(), "role").and_then(Value::as_str).unwrap_or(""));
+            let role = Role::parse(self.role_text().unwrap_or(""));
             let first = match self.content() {
                 Some(Value::String(s)) => Some(s.as_str()),
                 Some(Value::Array(parts)) => {
@@ -204,12 +310,12 @@ impl Message {
 
     /// The `name` field, if any.
     pub fn name(&self) -> Option<&str> {
-        field(self.value(), "name").and_then(Value::as_str)
+        self.known_field("name").and_then(Value::as_str)
     }
 
     /// The `content` field (string, array of parts, or null/absent).
     pub fn content(&self) -> Option<&Value> {
-        field(self.value(), "content")
+        self.known_field("content")
     }
 
     /// All text of the content: the string (borrowed), or the `text` of every text part
@@ -220,15 +326,17 @@ impl Message {
 
     /// The `tool_calls` entries (empty when absent).
     pub fn tool_calls(&self) -> &[Value] {
-        field(self.value(), "tool_calls")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
+        self.known_field("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The `refusal` text, if any.
+    pub fn refusal(&self) -> Option<&str> {
+        self.known_field("refusal").and_then(Value::as_str)
     }
 
     /// The legacy `function_call`, if any.
     pub fn function_call(&self) -> Option<&Value> {
-        field(self.value(), "function_call").filter(|v| v.is_object())
+        self.known_field("function_call").filter(|v| v.is_object())
     }
 
     /// True for an assistant message that calls tools or a function.
@@ -238,7 +346,7 @@ impl Message {
 
     /// `tool_call_id` of a tool message.
     pub fn tool_call_id(&self) -> Option<&str> {
-        field(self.value(), "tool_call_id").and_then(Value::as_str)
+        self.known_field("tool_call_id").and_then(Value::as_str)
     }
 
     /// True for a digest written by foldgate (content starts with [`DIGEST_MARKER`]).
@@ -605,6 +713,92 @@ mod tests {
         }
         let m = Message::from_raw(RawValue::from_string(r#"{"role":"user"}"#.into()).unwrap());
         assert!(m.unwrap().is_readable());
+    }
+
+    /// Every accessor of `m` (read as fields or whole) as the message's whole value
+    /// gives it.
+    fn assert_reads_as_its_value(m: &Message) {
+        let whole = Message::from_value(parse_value(m.raw()).0).unwrap();
+        let v = whole.value();
+        assert_eq!(m.value(), v, "{}", m.raw());
+        assert_eq!(m.role_text(), field(v, "role").and_then(Value::as_str), "{}", m.raw());
+        assert_eq!(m.role(), whole.role());
+        assert_eq!(m.content(), field(v, "content"));
+        assert_eq!(m.text(), whole.text());
+        assert_eq!(m.name(), field(v, "name").and_then(Value::as_str));
+        assert_eq!(m.tool_calls(), whole.tool_calls());
+        assert_eq!(m.function_call(), whole.function_call());
+        assert_eq!(m.tool_call_id(), field(v, "tool_call_id").and_then(Value::as_str));
+        assert_eq!(m.refusal(), field(v, "refusal").and_then(Value::as_str));
+        assert_eq!(m.is_digest(), whole.is_digest());
+        assert_eq!(m.makes_calls(), whole.makes_calls());
+    }
+
+    #[test]
+    fn a_message_read_as_fields_reads_as_its_value() {
+        // Each message, and whether it reads as fields (else whole).
+        for (raw, as_fields) in [
+            (r#"{"role":"user","content":"hi"}"#, true),
+            (r#"{"content":"[COMPACTED CONTEXT] x","role":"assistant"}"#, true),
+            (
+                r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}"#,
+                true,
+            ),
+            (r#"{"role":"assistant","function_call":{"name":"f","arguments":"{}"}}"#, true),
+            (r#"{"role":"assistant","function_call":"none","refusal":"no"}"#, true),
+            (
+                r#"{"role":"tool","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}],"tool_call_id":"c"}"#,
+                true,
+            ),
+            (r#"{"role":"user","content":"one","content":"two"}"#, false),
+            (r#"{"role":"user","name":7,"content":"x"}"#, true),
+            (r#"{"role":"critic","content":"x"}"#, false),
+            (r#"{"role":"user","content":"x","cache_control":{"type":"ephemeral"}}"#, false),
+            (r#"{"role":"user","content":"\ud800 lone"}"#, false),
+            (r#"{"role":"\u0075ser","content":"escaped \"role\"\n"}"#, true),
+            (r#"{"content":"no role"}"#, false),
+            (r#"{"role":"user","content":1e999}"#, false),
+        ] {
+            let m = Message::from_raw(RawValue::from_string(raw.to_owned()).unwrap()).unwrap();
+            assert_reads_as_its_value(&m);
+            assert_eq!(matches!(m.read(), Read::Fields { .. }), as_fields, "{raw}");
+        }
+    }
+
+    fn field_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just("null".to_owned()),
+            Just("7".to_owned()),
+            Just(r#""user""#.to_owned()),
+            Just(r#""[COMPACTED CONTEXT] earlier""#.to_owned()),
+            "[a-z \\\"]{0,8}".prop_map(|t| format!("\"{t}\"")),
+            Just(r#"[{"type":"text","text":"a"},{"type":"image_url"}]"#.to_owned()),
+            Just(r#"[{"id":"c1","function":{"name":"f","arguments":"{}"}}]"#.to_owned()),
+            Just(r#"{"name":"f","arguments":"{\"a\":1}"}"#.to_owned()),
+            Just("[]".to_owned()),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_message_reads_as_its_value(
+            fields in proptest::collection::vec(
+                (proptest::sample::select(&["role", "content", "name", "tool_calls",
+                    "tool_call_id", "function_call", "refusal", "other"][..]), field_value()),
+                0..6,
+            ),
+            role in proptest::sample::select(&["user", "assistant", "tool", "system",
+                "function", "developer", "critic"][..]),
+        ) {
+            let mut raw = format!(r#"{{"role":"{role}""#);
+            for (key, value) in &fields {
+                raw.push_str(&format!(r#","{key}":{value}"#));
+            }
+            raw.push('}');
+            let Ok(raw) = RawValue::from_string(raw) else { return Ok(()) };
+            assert_reads_as_its_value(&Message::from_raw(raw).unwrap());
+        }
     }
 
     #[test]

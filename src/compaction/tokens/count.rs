@@ -133,16 +133,15 @@ fn tokens_of(
     count_role: &impl Fn(&str) -> usize,
     msg: &Message,
 ) -> usize {
-    let v = msg.value();
     let mut n = TOKENS_PER_MESSAGE;
-    if let Some(role) = field(v, "role").and_then(Value::as_str) {
+    if let Some(role) = msg.role_text() {
         n += count_role(role);
     }
     n += content_tokens(count, msg.content());
     if let Some(name) = msg.name() {
         n += count(name) + TOKENS_PER_NAME;
     }
-    if let Some(refusal) = field(v, "refusal").and_then(Value::as_str) {
+    if let Some(refusal) = msg.refusal() {
         n += count(refusal);
     }
     let calls = msg.tool_calls().iter().chain(msg.function_call());
