@@ -128,7 +128,7 @@ enum Read {
     /// commonest shape by far): those fields, without the message's JSON object, which
     /// takes about twice the memory and time to build. The object is parsed only when
     /// asked for ([`Message::value`]).
-    Fields { fields: Box<Fields>, value: OnceLock<Box<Value>> },
+    Fields { fields: Fields, value: OnceLock<Box<Value>> },
     /// Any other message: its value, and whether it read whole
     /// ([`Message::is_readable`]).
     Value(Value, bool),
@@ -136,23 +136,53 @@ enum Read {
 
 /// The fields of a [`Read::Fields`] message. A field absent is `None`; a field sent as
 /// `null` is `Some(Value::Null)`, as in the message's object.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 struct Fields {
+    role: Role,
+    content: Option<Value>,
+    /// The fields most messages lack, kept apart so that those messages stay small.
+    calls: Option<Box<CallFields>>,
+}
+
+/// The fields of a [`Fields`] message other than its role and content (each boxed:
+/// the struct is moved about while a message is read).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct CallFields {
+    name: Option<Box<Value>>,
+    tool_calls: Option<Box<Value>>,
+    tool_call_id: Option<Box<Value>>,
+    function_call: Option<Box<Value>>,
+    refusal: Option<Box<Value>>,
+}
+
+/// A message's fields as serde reads them (unknown or repeated fields rejected).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FieldsText {
     #[serde(deserialize_with = "known_role")]
     role: Role,
     #[serde(default, deserialize_with = "present")]
     content: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    name: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    tool_calls: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    tool_call_id: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    function_call: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    refusal: Option<Value>,
+    #[serde(default, deserialize_with = "present_boxed")]
+    name: Option<Box<Value>>,
+    #[serde(default, deserialize_with = "present_boxed")]
+    tool_calls: Option<Box<Value>>,
+    #[serde(default, deserialize_with = "present_boxed")]
+    tool_call_id: Option<Box<Value>>,
+    #[serde(default, deserialize_with = "present_boxed")]
+    function_call: Option<Box<Value>>,
+    #[serde(default, deserialize_with = "present_boxed")]
+    refusal: Option<Box<Value>>,
+}
+
+impl From<FieldsText> for Fields {
+    fn from(f: FieldsText) -> Self {
+        let FieldsText { role, content, name, tool_calls, tool_call_id, function_call, refusal } =
+            f;
+        let calls = CallFields { name, tool_calls, tool_call_id, function_call, refusal };
+        let calls = (calls != CallFields::default()).then(|| Box::new(calls));
+        Self { role, content, calls }
+    }
 }
 
 /// A role string other than [`Role::Other`] (a message of another role is read whole).
@@ -168,12 +198,17 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)
 }
 
+/// [`present`], boxed.
+fn present_boxed<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<Value>>, D::Error> {
+    Value::deserialize(d).map(|v| Some(Box::new(v)))
+}
+
 /// Reads a message's text: its fields when they are all known ones (serde rejects an
 /// unknown or repeated field, a role of no known name, and text that is no Unicode),
 /// else its whole value.
 fn read(raw: &str) -> Read {
-    match serde_json::from_str::<Fields>(raw) {
-        Ok(fields) => Read::Fields { fields: Box::new(fields), value: OnceLock::new() },
+    match serde_json::from_str::<FieldsText>(raw) {
+        Ok(fields) => Read::Fields { fields: fields.into(), value: OnceLock::new() },
         Err(_) => {
             let (value, readable) = parse_value(raw);
             Read::Value(value, readable)
@@ -250,13 +285,14 @@ impl Message {
         let Read::Fields { fields, .. } = self.read() else {
             return field(self.value(), key);
         };
+        let calls = fields.calls.as_deref();
         match key {
             "content" => fields.content.as_ref(),
-            "name" => fields.name.as_ref(),
-            "tool_calls" => fields.tool_calls.as_ref(),
-            "tool_call_id" => fields.tool_call_id.as_ref(),
-            "function_call" => fields.function_call.as_ref(),
-            "refusal" => fields.refusal.as_ref(),
+            "name" => calls?.name.as_deref(),
+            "tool_calls" => calls?.tool_calls.as_deref(),
+            "tool_call_id" => calls?.tool_call_id.as_deref(),
+            "function_call" => calls?.function_call.as_deref(),
+            "refusal" => calls?.refusal.as_deref(),
             _ => field(self.value(), key),
         }
     }
@@ -461,10 +497,11 @@ impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<Self, ModelError> {
         let top: TopLevel = serde_json::from_slice(body).map_err(ModelError::NotJson)?;
         let list = top.messages.ok_or(ModelError::NoMessages)?;
-        let messages = list
-            .into_iter()
-            .map(|m| Message::from_raw(m).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Sized at once: a long history's list would otherwise be copied as it grows.
+        let mut messages = Vec::with_capacity(list.len());
+        for m in list {
+            messages.push(Arc::new(Message::from_raw(m)?));
+        }
         Ok(Self { fields: top.fields, messages })
     }
 
@@ -763,6 +800,14 @@ mod tests {
             assert_reads_as_its_value(&m);
             assert_eq!(matches!(m.read(), Read::Fields { .. }), as_fields, "{raw}");
         }
+    }
+
+    #[test]
+    fn a_message_stays_small() {
+        // A long history holds one per message: the 100k-message compaction's time
+        // follows its memory (docs/PERFORMANCE.md).
+        assert!(size_of::<Message>() <= 160, "{}", size_of::<Message>());
+        assert!(size_of::<Fields>() <= 96, "{}", size_of::<Fields>());
     }
 
     fn field_value() -> impl proptest::strategy::Strategy<Value = String> {

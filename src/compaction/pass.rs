@@ -377,11 +377,10 @@ impl<'a> Pass<'a> {
         tail: usize,
         digest: usize,
     ) -> Result<(Plan, bool), CompactionError> {
-        let mut folded = self.plan.clone();
         let in_region = |i: &Item| i.pos >= start && i.pos < end && i.kind == Kind::Work;
-        folded.items.iter_mut().filter(|i| in_region(i)).for_each(|i| i.dropped = true);
-        let at = folded.items.iter().position(|i| i.pos >= end).unwrap_or(folded.items.len());
-        let item = Item {
+        let items = &self.plan.items;
+        let at = items.iter().position(|i| i.pos >= end).unwrap_or(items.len());
+        let digest_item = Item {
             msgs: Arc::from([]),
             tokens: digest,
             kind: Kind::Digest,
@@ -391,7 +390,14 @@ impl<'a> Pass<'a> {
             folds: end - start,
             dropped: digest == 0,
         };
-        folded.items.insert(at, item);
+        // The plan's items with the region's work dropped and the digest in its place,
+        // built in one pass (a clone and an insert copied a long plan twice).
+        let mut folded =
+            Plan { items: Vec::with_capacity(items.len() + 1), fixed: self.plan.fixed };
+        let copy = |i: &Item| Item { dropped: i.dropped || in_region(i), ..i.clone() };
+        folded.items.extend(items[..at].iter().map(copy));
+        folded.items.push(digest_item);
+        folded.items.extend(items[at..].iter().map(copy));
         let (min, target) = (self.cfg.elide_min_tokens, self.budget.target);
         folded.elide_before(tail.max(end), min, target, &mut self.counter)?;
         let goals = self.goals(target, self.budget.budget);

@@ -74,7 +74,10 @@ impl Plan {
         keep: &Keep<'_>,
         counter: &mut Counter<'_>,
     ) -> Result<Self, ModelError> {
-        let mut items = Vec::new();
+        // Sized at once (at most one item per block message and per unit): a long
+        // history's plan would otherwise be copied as it grows.
+        let block_messages: usize = blocks.iter().map(|b| b.messages.len()).sum();
+        let mut items = Vec::with_capacity(block_messages + units.len());
         for b in blocks {
             let n_verbatim = b.verbatim.len();
             for (k, raw) in b.messages.iter().enumerate() {

@@ -43,7 +43,8 @@ pub struct Unit {
 
 /// Splits messages into units.
 pub fn units(msgs: &[Arc<Message>]) -> Vec<Unit> {
-    let mut out = Vec::new();
+    // At most one unit per message; sized at once for a long history.
+    let mut out = Vec::with_capacity(msgs.len());
     let mut i = 0;
     while i < msgs.len() {
         let m = &msgs[i];
