@@ -225,30 +225,41 @@ fn scaling_benches(c: &mut Criterion) {
     // The tokenizer tables load once per process, outside any measurement.
     compact(&bodies[0]);
     // Runs of the two sizes alternate, so that a slower spell of the machine falls on
-    // both; each figure is the median of its runs.
+    // both; each figure is the median of its runs, and the ratio is also taken per round
+    // (a 10k run and the 100k run after it), whose median a drift of the machine's speed
+    // between rounds moves least.
+    const ROUNDS: usize = 15;
     let mut runs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..9 {
+    for _ in 0..ROUNDS {
         for (times, body) in runs.iter_mut().zip(&bodies) {
             let t = std::time::Instant::now();
             compact(body);
             times.push(t.elapsed().as_secs_f64());
         }
     }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let per_round = median(runs[1].iter().zip(&runs[0]).map(|(big, small)| big / small).collect());
     let mut medians = Vec::new();
-    for ((n, body), times) in sizes.iter().zip(&bodies).zip(&mut runs) {
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
+    for ((n, body), times) in sizes.iter().zip(&bodies).zip(&runs) {
+        let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let m = median(times.clone());
         let tier = compact(body).report().tier;
         eprintln!(
-            "{n} short messages ({} bytes): median of {} {:.1} ms (fastest {:.1}), tier {tier}",
+            "{n} short messages ({} bytes): median of {ROUNDS} {:.1} ms (fastest {:.1}), tier {tier}",
             body.len(),
-            times.len(),
-            median * 1e3,
-            times[0] * 1e3
+            m * 1e3,
+            fastest * 1e3
         );
-        medians.push(median);
+        medians.push(m);
     }
-    eprintln!("100k / 10k messages: {:.2}x the time for 10x the messages", medians[1] / medians[0]);
+    eprintln!(
+        "100k / 10k messages: {:.2}x the time for 10x the messages (ratio of the medians); \
+         per round: median {per_round:.2}x",
+        medians[1] / medians[0]
+    );
 
     let mut g = c.benchmark_group("scale");
     g.sample_size(10);
