@@ -129,9 +129,9 @@ enum Read {
     /// takes about twice the memory and time to build. The object is parsed only when
     /// asked for ([`Message::value`]).
     Fields { fields: Fields, value: OnceLock<Box<Value>> },
-    /// Any other message: its value, and whether it read whole
-    /// ([`Message::is_readable`]).
-    Value(Value, bool),
+    /// Any other message: its value (boxed, so that the commoner variant sets the
+    /// size), and whether it read whole ([`Message::is_readable`]).
+    Value(Box<Value>, bool),
 }
 
 /// The fields of a [`Read::Fields`] message. A field absent is `None`; a field sent as
@@ -139,7 +139,10 @@ enum Read {
 #[derive(Debug, Clone)]
 struct Fields {
     role: Role,
-    content: Option<Value>,
+    /// Boxed: the passes over a long history read the message's other parts (its kind,
+    /// its hash) far more often than its content, and a smaller message keeps more of
+    /// them in the cache.
+    content: Option<Box<Value>>,
     /// The fields most messages lack, kept apart so that those messages stay small.
     calls: Option<Box<CallFields>>,
 }
@@ -161,8 +164,8 @@ struct CallFields {
 struct FieldsText {
     #[serde(deserialize_with = "known_role")]
     role: Role,
-    #[serde(default, deserialize_with = "present")]
-    content: Option<Value>,
+    #[serde(default, deserialize_with = "present_boxed")]
+    content: Option<Box<Value>>,
     #[serde(default, deserialize_with = "present_boxed")]
     name: Option<Box<Value>>,
     #[serde(default, deserialize_with = "present_boxed")]
@@ -193,12 +196,7 @@ fn known_role<'de, D: Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
     }
 }
 
-/// A field's value, `null` included.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
-}
-
-/// [`present`], boxed.
+/// A field's value, `null` included, boxed.
 fn present_boxed<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<Value>>, D::Error> {
     Value::deserialize(d).map(|v| Some(Box::new(v)))
 }
@@ -211,7 +209,7 @@ fn read(raw: &str) -> Read {
         Ok(fields) => Read::Fields { fields: fields.into(), value: OnceLock::new() },
         Err(_) => {
             let (value, readable) = parse_value(raw);
-            Read::Value(value, readable)
+            Read::Value(Box::new(value), readable)
         }
     }
 }
@@ -251,7 +249,7 @@ impl Message {
         let text = serde_json::to_string(&value).map_err(ModelError::Serialize)?;
         let raw = RawValue::from_string(text).map_err(ModelError::Serialize)?;
         let hash = xxh3_64(raw.get().as_bytes());
-        let read = OnceLock::from(Read::Value(value, true));
+        let read = OnceLock::from(Read::Value(Box::new(value), true));
         Ok(Self { read, raw, hash, output_like: OnceLock::new(), kind: OnceLock::new() })
     }
 
@@ -287,7 +285,7 @@ impl Message {
         };
         let calls = fields.calls.as_deref();
         match key {
-            "content" => fields.content.as_ref(),
+            "content" => fields.content.as_deref(),
             "name" => calls?.name.as_deref(),
             "tool_calls" => calls?.tool_calls.as_deref(),
             "tool_call_id" => calls?.tool_call_id.as_deref(),
@@ -806,8 +804,8 @@ mod tests {
     fn a_message_stays_small() {
         // A long history holds one per message: the 100k-message compaction's time
         // follows its memory (docs/PERFORMANCE.md).
-        assert!(size_of::<Message>() <= 160, "{}", size_of::<Message>());
-        assert!(size_of::<Fields>() <= 96, "{}", size_of::<Fields>());
+        assert!(size_of::<Message>() <= 96, "{}", size_of::<Message>());
+        assert!(size_of::<Fields>() <= 24, "{}", size_of::<Fields>());
     }
 
     fn field_value() -> impl proptest::strategy::Strategy<Value = String> {
