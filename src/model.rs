@@ -188,6 +188,31 @@ impl From<FieldsText> for Fields {
     }
 }
 
+/// The fields besides the role that [`Fields`] holds, by name.
+#[derive(Debug, Clone, Copy)]
+enum Known {
+    Content,
+    Name,
+    ToolCalls,
+    ToolCallId,
+    FunctionCall,
+    Refusal,
+}
+
+impl Known {
+    /// The field's key in the message's object.
+    fn key(self) -> &'static str {
+        match self {
+            Self::Content => "content",
+            Self::Name => "name",
+            Self::ToolCalls => "tool_calls",
+            Self::ToolCallId => "tool_call_id",
+            Self::FunctionCall => "function_call",
+            Self::Refusal => "refusal",
+        }
+    }
+}
+
 /// A role string other than [`Role::Other`] (a message of another role is read whole).
 fn known_role<'de, D: Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
     match Role::parse(&Cow::<'de, str>::deserialize(d)?) {
@@ -278,20 +303,19 @@ impl Message {
         }
     }
 
-    /// Field `key` as the message's object has it (one of those [`Fields`] holds).
-    fn known_field(&self, key: &str) -> Option<&Value> {
+    /// Field `which` as the message's object has it.
+    fn known_field(&self, which: Known) -> Option<&Value> {
         let Read::Fields { fields, .. } = self.read() else {
-            return field(self.value(), key);
+            return field(self.value(), which.key());
         };
         let calls = fields.calls.as_deref();
-        match key {
-            "content" => fields.content.as_deref(),
-            "name" => calls?.name.as_deref(),
-            "tool_calls" => calls?.tool_calls.as_deref(),
-            "tool_call_id" => calls?.tool_call_id.as_deref(),
-            "function_call" => calls?.function_call.as_deref(),
-            "refusal" => calls?.refusal.as_deref(),
-            _ => field(self.value(), key),
+        match which {
+            Known::Content => fields.content.as_deref(),
+            Known::Name => calls?.name.as_deref(),
+            Known::ToolCalls => calls?.tool_calls.as_deref(),
+            Known::ToolCallId => calls?.tool_call_id.as_deref(),
+            Known::FunctionCall => calls?.function_call.as_deref(),
+            Known::Refusal => calls?.refusal.as_deref(),
         }
     }
 
@@ -344,12 +368,12 @@ impl Message {
 
     /// The `name` field, if any.
     pub fn name(&self) -> Option<&str> {
-        self.known_field("name").and_then(Value::as_str)
+        self.known_field(Known::Name).and_then(Value::as_str)
     }
 
     /// The `content` field (string, array of parts, or null/absent).
     pub fn content(&self) -> Option<&Value> {
-        self.known_field("content")
+        self.known_field(Known::Content)
     }
 
     /// All text of the content: the string (borrowed), or the `text` of every text part
@@ -360,17 +384,20 @@ impl Message {
 
     /// The `tool_calls` entries (empty when absent).
     pub fn tool_calls(&self) -> &[Value] {
-        self.known_field("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+        self.known_field(Known::ToolCalls)
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     /// The `refusal` text, if any.
     pub fn refusal(&self) -> Option<&str> {
-        self.known_field("refusal").and_then(Value::as_str)
+        self.known_field(Known::Refusal).and_then(Value::as_str)
     }
 
     /// The legacy `function_call`, if any.
     pub fn function_call(&self) -> Option<&Value> {
-        self.known_field("function_call").filter(|v| v.is_object())
+        self.known_field(Known::FunctionCall).filter(|v| v.is_object())
     }
 
     /// True for an assistant message that calls tools or a function.
@@ -380,7 +407,7 @@ impl Message {
 
     /// `tool_call_id` of a tool message.
     pub fn tool_call_id(&self) -> Option<&str> {
-        self.known_field("tool_call_id").and_then(Value::as_str)
+        self.known_field(Known::ToolCallId).and_then(Value::as_str)
     }
 
     /// True for a digest written by foldgate (content starts with [`DIGEST_MARKER`]).
